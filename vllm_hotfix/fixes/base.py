@@ -1,0 +1,108 @@
+"""What a fix is: a target function, a probe of its source, and a source transform.
+
+A fix never trusts the version number alone: the probe reads the loaded function's source and says
+whether it has the known buggy shape. The transform then derives the fixed function from that same
+source, so nothing of vLLM is copied into this package.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import functools
+import textwrap
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FunctionType, ModuleType
+from typing import Any
+
+
+class Verdict(str, enum.Enum):
+    """What the probe concluded about a piece of source."""
+
+    BUGGY = "patched"  # the known buggy shape: the fix applies
+    FIXED_UPSTREAM = "fixed upstream"
+    NOT_AFFECTED = "not affected"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Probe:
+    verdict: Verdict
+    reason: str
+
+
+class Fix(ABC):
+    """One repair of one function. Subclasses set the class attributes and the two methods."""
+
+    fix_id: str  # stable, used in VLLM_HOTFIX_DISABLE, logs and markers
+    title: str
+    module: str  # the module whose import triggers the fix
+    owner: str | None  # class that holds the function, or None for a module-level function
+    attribute: str  # the function's name
+    affected: tuple[str, str]  # first and last release known to carry the bug (corroboration only)
+    upstream: str  # where upstream fixed it
+    related: tuple[str, ...] = ()  # other modules whose source the probe reads (never imported)
+    absent: Verdict = Verdict.UNKNOWN  # the verdict when the target does not exist at all
+
+    @property
+    def target(self) -> str:
+        owner = f"{self.owner}." if self.owner else ""
+        return f"{self.module}.{owner}{self.attribute}"
+
+    @abstractmethod
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        """Classify the target function's source text (as inspect.getsource returns it).
+
+        `related` maps each module named in `self.related` to its source text (None if absent).
+        """
+
+    @abstractmethod
+    def transform_source(self, source: str) -> str:
+        """Return the fixed function's source, dedented. Only called on a BUGGY verdict."""
+
+    # -- where the function lives; fixes with extra references override install() ----------
+    def holder(self, module: ModuleType) -> Any:
+        return module if self.owner is None else getattr(module, self.owner)
+
+    def current(self, module: ModuleType) -> Any:
+        """The object installed now, read without descriptors (a plain function, or whatever)."""
+        holder = self.holder(module)
+        if self.owner is None:
+            return holder.__dict__.get(self.attribute)
+        return vars(holder).get(self.attribute)
+
+    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
+        """Put `function` where `replaces` is now."""
+        setattr(self.holder(module), self.attribute, function)
+
+    # -- shared helpers for source probes -----------------------------------------------------
+    @staticmethod
+    def parse_function(source: str) -> ast.FunctionDef:
+        tree = ast.parse(textwrap.dedent(source))
+        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+            raise ValueError("the source is not a single function definition")
+        return tree.body[0]
+
+
+@functools.cache
+def _expected(expected: str) -> tuple[type, str]:
+    parsed = ast.parse(expected).body[0]
+    if isinstance(parsed, ast.Expr):
+        # a bare expression matches as an expression; a call statement is matched via its Expr
+        return type(parsed.value), ast.dump(parsed.value)
+    return type(parsed), ast.dump(parsed)
+
+
+def same_code(node: ast.AST, expected: str) -> bool:
+    """Whether `node` is the statement or expression `expected`, ignoring layout and comments."""
+    kind, dump = _expected(expected)
+    if isinstance(node, ast.Expr) and kind is not ast.Expr:
+        node = node.value
+    return type(node) is kind and ast.dump(node) == dump
+
+
+def contains_code(tree: ast.AST, expected: str) -> bool:
+    """Whether any node under `tree` is `expected`."""
+    return any(same_code(node, expected) for node in ast.walk(tree))

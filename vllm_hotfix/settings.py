@@ -1,0 +1,84 @@
+"""The user's switches, read from the environment each time a decision is made.
+
+Invalid values never stop the host: they are reported (naming the variable and what it accepts)
+and the safe default is used instead. Strict mode turns them into errors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+DISABLE_VAR = "VLLM_HOTFIX_DISABLE"
+STRICT_VAR = "VLLM_HOTFIX_STRICT"
+CACHE_DIR_VAR = "VLLM_HOTFIX_CACHE_DIR"
+
+TRUE_WORDS = frozenset({"1", "true", "yes", "on", "all"})
+FALSE_WORDS = frozenset({"", "0", "false", "no", "off", "none"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the environment asks for, plus the problems found while reading it."""
+
+    disable_all: bool = False
+    disabled_ids: frozenset[str] = frozenset()
+    strict: bool = False
+    problems: tuple[str, ...] = field(default=())
+
+    def is_disabled(self, fix_id: str) -> bool:
+        return self.disable_all or fix_id in self.disabled_ids
+
+
+def disable_means_all(raw: str | None) -> bool:
+    """True when VLLM_HOTFIX_DISABLE turns every fix off (the cheap check the site hook uses)."""
+    return raw is not None and raw.strip().lower() in TRUE_WORDS - {""}
+
+
+def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None = None) -> Settings:
+    """Parse VLLM_HOTFIX_DISABLE and VLLM_HOTFIX_STRICT; never raises."""
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+
+    strict_raw = env.get(STRICT_VAR, "")
+    strict_word = strict_raw.strip().lower()
+    if strict_word in TRUE_WORDS:
+        strict = True
+    elif strict_word in FALSE_WORDS:
+        strict = False
+    else:
+        strict = False
+        problems.append(
+            f"{STRICT_VAR}={strict_raw!r} is not valid: use 1/true/yes/on or 0/false/no/off;"
+            " using the default (not strict)"
+        )
+
+    disable_raw = env.get(DISABLE_VAR, "")
+    disable_word = disable_raw.strip().lower()
+    disable_all = False
+    disabled: set[str] = set()
+    if disable_word in TRUE_WORDS:
+        disable_all = True
+    elif disable_word not in FALSE_WORDS:
+        for item in (part.strip() for part in disable_raw.split(",")):
+            if not item:
+                continue
+            if item in known_fix_ids:
+                disabled.add(item)
+            else:
+                problems.append(
+                    f"{DISABLE_VAR}: {item!r} is not a fix id; accepted values: 1/true/yes/on/all"
+                    f" (every fix), 0/false/no/off (none), or a comma-separated list of"
+                    f" {', '.join(known_fix_ids)}; ignoring {item!r}"
+                )
+    return Settings(disable_all, frozenset(disabled), strict, tuple(problems))
+
+
+def cache_dir(environ: dict[str, str] | None = None) -> str:
+    """Where generated sources live: VLLM_HOTFIX_CACHE_DIR, else the user's cache directory."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(CACHE_DIR_VAR)
+    if explicit:
+        return explicit
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "vllm-hotfix")
