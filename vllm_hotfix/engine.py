@@ -160,7 +160,7 @@ def _decide(fix: Fix, module: types.ModuleType) -> Record:
         return unknown(f"{fix.target} was patched by another copy of vllm-hotfix {marker.version}")
     if current is None:
         return Record(fix.fix_id, fix.absent.value, f"{fix.target} does not exist in this vLLM", version_text)
-    if not isinstance(current, types.FunctionType):
+    if type(current) is not types.FunctionType:  # type(), not isinstance: proxies fake __class__
         kind = type(current)
         return unknown(
             f"{fix.target} is a {kind.__module__}.{kind.__qualname__}, not vLLM's plain function"

