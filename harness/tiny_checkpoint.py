@@ -14,14 +14,27 @@ import os
 VOCAB = 1024
 
 
-def build(out_dir: str, layers: int = 4, seed: int = 0) -> str:
+# DeepSeek-V3's real attention head shapes, which GPU MLA kernels (FlashMLA and others) expect.
+GPU_MLA_SHAPES = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "q_lora_rank": 256,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+
+
+def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -> str:
     """Write config, random weights (safetensors) and a word-level tokenizer; return out_dir."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
 
     marker = os.path.join(out_dir, "tiny-checkpoint.json")
-    recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 2}
+    recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 2, "gpu_mla": gpu_mla}
     if os.path.exists(marker):
         with open(marker) as handle:
             if json.load(handle) == recipe:
@@ -57,6 +70,9 @@ def build(out_dir: str, layers: int = 4, seed: int = 0) -> str:
         bos_token_id=1,
         eos_token_id=2,
     )
+    if gpu_mla:
+        for key, value in GPU_MLA_SHAPES.items():
+            setattr(config, key, value)
     config.architectures = ["DeepseekV3ForCausalLM"]
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config).to(torch.float32)
@@ -83,8 +99,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir")
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--gpu-mla", action="store_true", help="DeepSeek-V3's attention head shapes")
     args = parser.parse_args()
-    print(build(args.out_dir, args.layers))
+    print(build(args.out_dir, args.layers, gpu_mla=args.gpu_mla))
 
 
 if __name__ == "__main__":

@@ -51,9 +51,20 @@ def model_states(
         dtype: str = "float32",
         mode: str = "eager",
         compilation_config: str | None = None,
+        options: tuple[str, ...] = (),
         **extra_env: str,
     ) -> dict[str, Any]:
-        key = (version, hotfix, variants, dtype, mode, compilation_config, tuple(sorted(extra_env.items())))
+        """`options`: more harness flags; `extra_env`: environment (part of the cache key)."""
+        key = (
+            version,
+            hotfix,
+            variants,
+            dtype,
+            mode,
+            compilation_config,
+            options,
+            tuple(sorted(extra_env.items())),
+        )
         if key not in cache:
             work = tmp_path_factory.mktemp("model-states")
             args = [testenv.script("model_states"), "--checkpoint", str(tiny_checkpoint)]
@@ -62,6 +73,7 @@ def model_states(
                 args.append("--hotfix")
             if compilation_config:
                 args += ["--compilation-config", compilation_config]
+            args += list(options)
             extra_env.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
             result = testenv.run(args, version=version, hotfix=hotfix, **extra_env)
             assert result.returncode == 0, f"model run {key} failed:\n{result.stderr[-6000:]}"

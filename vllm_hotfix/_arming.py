@@ -30,10 +30,14 @@ class _VllmImportTrigger:
 def _arm_engine() -> None:
     try:
         from vllm_hotfix import engine
-    except Exception as error:  # a broken install must not break the host
-        sys.stderr.write(f"vllm-hotfix: not armed, the package is broken: {error!r}\n")
-        return
-    engine.arm()
+
+        engine.arm()
+    except Exception as error:  # a broken install must not break the host, unless strict
+        from vllm_hotfix import settings
+
+        if settings.read_settings(()).strict:
+            raise
+        sys.stderr.write(f"vllm-hotfix: not armed: {type(error).__name__}: {error}\n")
 
 
 def arm() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from importlib.util import find_spec
+from importlib.machinery import PathFinder
 from typing import Any
 
 from vllm_hotfix import engine
@@ -18,7 +18,8 @@ PROBLEM_DECISIONS = ("unknown", engine.FAILED)
 
 def fix_statuses() -> list[dict[str, Any]]:
     records = engine.records()
-    vllm_present = "vllm" in sys.modules or find_spec("vllm") is not None
+    # PathFinder, not importlib.util.find_spec: looking vLLM up must not fire the import trigger
+    vllm_present = "vllm" in sys.modules or PathFinder.find_spec("vllm") is not None
     rows = []
     for fix in ALL_FIXES:
         record = records.get(fix.fix_id)

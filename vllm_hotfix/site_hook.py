@@ -21,7 +21,11 @@ MARKER = "# vllm-hotfix site hook"
 
 _TRUE = tuple(sorted(TRUE_WORDS - {""}))
 _CODE = (
-    f"if os.environ.get({DISABLE_VAR!r}, '').strip().lower() not in {_TRUE!r}:\n"
+    # Once per process (a venv's lib64 symlink makes site read this file twice), and nothing at
+    # all when every fix is disabled.
+    "if not hasattr(sys, '_vllm_hotfix_site_hook') and"
+    f" os.environ.get({DISABLE_VAR!r}, '').strip().lower() not in {_TRUE!r}:\n"
+    " sys._vllm_hotfix_site_hook = True\n"
     " try:\n"
     "  import vllm_hotfix\n"
     " except Exception as e:\n"

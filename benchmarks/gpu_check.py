@@ -1,0 +1,58 @@
+"""GPU check: the real vllm 0.24.0 CUDA build, MLA on, vLLM's default compilation and CUDA graphs,
+extract_hidden_states with the final layer: without the deepseek fix, with the hotfix (plugin),
+and vllm 0.25.0 as the reference. Run by benchmarks/gpu_check.sh; prints a few lines to read."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.testenv import BUG, FIXED, TestEnv
+from harness.ways_in import Ways
+
+IDS = "1,2,4"
+GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": ""}
+
+
+def main() -> int:
+    testenv = TestEnv.locate()
+    work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-"))
+    done = testenv.run([testenv.script("tiny_checkpoint"), str(work / "tiny"), "--gpu-mla"], timeout=300)
+    if done.returncode:
+        print(done.stderr[-3000:])
+        return 1
+    print(f"GPU: {torch.cuda.get_device_name(0)}; ids [{IDS}], bfloat16, default compilation + CUDA graphs")
+    ways = Ways(testenv, work / "tiny", work)
+    runs = {}
+    for label, way, version, env in (
+        ("0.24.0, deepseek fix off", "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux"}),
+        ("0.24.0 + hotfix (plugin)", "plugin", BUG, {}),
+        ("0.25.0", "stock", FIXED, {}),
+    ):
+        start = time.monotonic()
+        run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **GPU, **env)
+        result = run["result"]
+        outcome = "generated" if result["ok"] else "FAILED: " + result["error"].splitlines()[0][:150]
+        print(f"{label:28s} {outcome} ({time.monotonic() - start:.0f} s)")
+        runs[label] = run
+    fixed, upstream = runs["0.24.0 + hotfix (plugin)"], runs["0.25.0"]
+    if not (fixed["calls"] and upstream["calls"]):
+        return 1
+    for layer, mine, theirs in zip(
+        IDS.split(","), fixed["calls"][0]["received"], upstream["calls"][0]["received"], strict=False
+    ):
+        diff = (mine.float() - theirs.float()).abs().max().item()
+        print(
+            f"  layer {layer}: {'bitwise equal' if torch.equal(mine, theirs) else f'max abs diff {diff:.3g}'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

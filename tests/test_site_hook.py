@@ -1,0 +1,86 @@
+"""The site hook in processes that never import vLLM: inert, removable, harmless when broken."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.site_venvs import make_venv
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return make_venv(tmp_path_factory.mktemp("hooked"))
+
+
+def run(python: str, code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-c", code], capture_output=True, text=True, env=env or None)
+
+
+def test_hook_arms_without_importing_anything_heavy(hooked: str) -> None:
+    done = run(
+        hooked,
+        "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('vllm_hotfix', 'vllm', 'torch', 'wrapt')))",
+    )
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.strip() == "['vllm_hotfix', 'vllm_hotfix._arming', 'vllm_hotfix._version']"
+
+
+def test_hook_installs_the_vllm_trigger(hooked: str) -> None:
+    done = run(hooked, "import sys; print([type(f).__name__ for f in sys.meta_path][0])")
+    assert done.stdout.strip() == "_VllmImportTrigger"
+
+
+def test_disable_makes_the_hook_import_nothing(hooked: str) -> None:
+    done = run(hooked, "import sys; print('vllm_hotfix' in sys.modules)", VLLM_HOTFIX_DISABLE="1")
+    assert done.stdout.strip() == "False" and done.stderr == ""
+
+
+def test_status_and_uninstall_remove_exactly_the_hook(tmp_path: Path) -> None:
+    python = make_venv(tmp_path / "venv")
+    status = subprocess.run(
+        [python, "-m", "vllm_hotfix", "status", "--no-probe"], capture_output=True, text=True
+    )
+    assert "vllm_hotfix_site_hook.pth" in status.stdout and "vLLM: not installed" in status.stdout
+    site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
+    before = sorted(p.name for p in site.iterdir())
+    done = subprocess.run(
+        [python, "-m", "vllm_hotfix", "uninstall-sitecustomize"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "removed" in done.stdout
+    after = sorted(p.name for p in site.iterdir())
+    assert sorted(set(before) - set(after)) == ["vllm_hotfix_site_hook.pth"]
+    assert run(python, "import sys; print('vllm_hotfix' in sys.modules)").stdout.strip() == "False"
+
+
+def test_install_refuses_to_overwrite_a_foreign_file(tmp_path: Path) -> None:
+    python = make_venv(tmp_path / "venv", hook=False)
+    site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
+    (site / "vllm_hotfix_site_hook.pth").write_text("# someone else's\n")
+    done = subprocess.run(
+        [python, "-m", "vllm_hotfix", "install-sitecustomize"], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "not written by vllm-hotfix" in done.stderr
+    assert (site / "vllm_hotfix_site_hook.pth").read_text() == "# someone else's\n"
+
+
+@pytest.mark.parametrize("damage", ["removed", "broken"])
+def test_a_missing_or_broken_package_never_breaks_start_up(tmp_path: Path, damage: str) -> None:
+    python = make_venv(tmp_path / "venv")
+    package = next((tmp_path / "venv").glob("lib/python*/site-packages/vllm_hotfix"))
+    if damage == "removed":
+        shutil.rmtree(package)  # pip uninstall leaves the .pth, which it did not install
+    else:
+        (package / "__init__.py").write_text("raise SystemError('half-written install')\n")
+    done = run(python, "print('started')")
+    assert done.returncode == 0 and done.stdout.strip() == "started"
+    warning = done.stderr.splitlines()
+    assert (
+        len(warning) == 1
+        and warning[0].startswith("vllm-hotfix: site hook skipped")
+        and len(warning[0]) < 160
+    )
