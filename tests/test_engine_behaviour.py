@@ -207,3 +207,28 @@ def test_fixed_upstream_release_is_untouched(testenv) -> None:
     assert facts["status"] == {DS: "fixed upstream", CPU: "fixed upstream"}
     ((_, line),) = decision_lines(facts, DS)
     assert "vllm=0.25.0" in line and "decision='fixed upstream'" in line
+
+
+@pytest.mark.parametrize(("version", "decision"), [("0.24.0", "patched"), (FIXED, "fixed upstream")])
+def test_status_command_probes_the_installed_vllm(testenv, version: str, decision: str) -> None:
+    import json
+
+    done = testenv.run(["-m", "vllm_hotfix", "status", "--json"], version=version, hotfix=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    status = json.loads(done.stdout)
+    assert status["vllm_loaded"] == version and status["armed"]
+    assert {f["fix"]: f["decision"] for f in status["fixes"]}[DS] == decision
+    text = testenv.run(["-m", "vllm_hotfix", "status"], version=version, hotfix=True).stdout
+    assert f"fix {DS}: {decision}" in text and f"vLLM: {version}" in text
+
+
+def test_status_command_exits_2_when_a_fix_is_left_out(testenv) -> None:
+    done = testenv.run(
+        [
+            "-c",
+            "import vllm.model_executor.models.deepseek_v2 as m; m.DeepseekV2Model.forward = lambda s: 0;"
+            "import sys; from vllm_hotfix.cli import main; sys.exit(main(['status']))",
+        ],
+        hotfix=True,
+    )
+    assert done.returncode == 2 and f"fix {DS}: unknown" in done.stdout

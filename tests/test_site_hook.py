@@ -84,3 +84,17 @@ def test_a_missing_or_broken_package_never_breaks_start_up(tmp_path: Path, damag
         and warning[0].startswith("vllm-hotfix: site hook skipped")
         and len(warning[0]) < 160
     )
+
+
+def test_without_vllm_import_and_status_work_and_say_so(hooked: str) -> None:
+    code = (
+        "import json, sys, vllm_hotfix; s = vllm_hotfix.status();"
+        "print(json.dumps([s['vllm_installed'], s['armed'], [f['reason'] for f in s['fixes']],"
+        " sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch'))]))"
+    )
+    done = run(hooked, code)
+    import json
+
+    installed, armed, reasons, heavy = json.loads(done.stdout)
+    assert installed is None and armed is False and heavy == []
+    assert reasons and all(r == "vLLM is not installed: nothing to fix" for r in reasons)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -17,11 +18,13 @@ def _status(args: argparse.Namespace) -> int:
 
     if args.probe:
         # Decide as vLLM's own processes would: import each target module, which fires the fix.
-        for fix in ALL_FIXES:
-            try:
-                importlib.import_module(fix.module)
-            except ImportError:
-                continue
+        # vLLM logs to stdout; keep stdout for the report (and clean JSON).
+        with contextlib.redirect_stdout(sys.stderr):
+            for fix in ALL_FIXES:
+                try:
+                    importlib.import_module(fix.module)
+                except ImportError:
+                    continue
     status = vllm_hotfix.status()
     print(json.dumps(status, indent=2) if args.json else report.format_text(status))
     problems = [f for f in status["fixes"] if f["decision"] in report.PROBLEM_DECISIONS]
