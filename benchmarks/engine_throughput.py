@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.testenv import BUG, FIXED, TestEnv
+from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
 
 
@@ -26,11 +26,7 @@ def main() -> None:
     args = parser.parse_args()
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-bench-"))
-    subprocess.run(
-        [testenv.python, testenv.script("tiny_checkpoint"), str(work / "tiny")],
-        check=True,
-        capture_output=True,
-    )
+    build_checkpoint(str(work / "tiny"))
     ways = Ways(testenv, work / "tiny", work)
     rates = {}
     for label, way, version in (("0.24.0 + hotfix (plugin)", "plugin", BUG), ("0.25.0", "stock", FIXED)):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.testenv import BUG, FIXED, TestEnv
+from harness.tiny_checkpoint import build as build_checkpoint
 
 RUNS = [  # (label, version, hotfix, ids)
     ("stock 0.24.0, ids [1,2]", BUG, False, "1,2"),
@@ -35,11 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-bench-"))
-    subprocess.run(
-        [testenv.python, testenv.script("tiny_checkpoint"), str(work / "tiny")],
-        check=True,
-        capture_output=True,
-    )
+    build_checkpoint(str(work / "tiny"))
 
     for mode in ("eager", "compile"):
         medians: dict[str, float] = {}

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.testenv import BUG, FIXED, TestEnv
+from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
 
 IDS = "1,2,4"
@@ -23,10 +24,7 @@ GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": ""}
 def main() -> int:
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-"))
-    done = testenv.run([testenv.script("tiny_checkpoint"), str(work / "tiny"), "--gpu-mla"], timeout=300)
-    if done.returncode:
-        print(done.stderr[-3000:])
-        return 1
+    build_checkpoint(str(work / "tiny"), gpu_mla=True)
     print(f"GPU: {torch.cuda.get_device_name(0)}; ids [{IDS}], bfloat16, default compilation + CUDA graphs")
     ways = Ways(testenv, work / "tiny", work)
     runs = {}
