@@ -12,10 +12,10 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code, same_code
+from vllm_hotfix.fixes.aux_capture import FINAL_TEST, verdict_from_checks, verdict_without_shape
+from vllm_hotfix.fixes.base import Fix, Probe, Verdict, same_code
 
 NORM_CALL = "hidden_states, _ = self.norm(hidden_states, residual)"
-FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
 CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
 LOOP_TEST = "idx in self.aux_hidden_state_layers"
 INIT = "aux_hidden_states = []"
@@ -58,14 +58,9 @@ class DeepseekFinalAux(Fix):
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
-        reads_aux = any(
-            isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
-            for node in ast.walk(function)
-        )
-        if not reads_aux:
-            return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
-        if contains_code(function, FINAL_TEST):
-            return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+        decided = verdict_without_shape(function)
+        if decided is not None:
+            return decided
 
         body = function.body
         norm_all = [node for node in ast.walk(function) if same_code(node, NORM_CALL)]
@@ -83,16 +78,8 @@ class DeepseekFinalAux(Fix):
             f"`if {HAS_AUX}: return ...` after the norm": norm_at is not None
             and any(i > norm_at for i in _top_level_if(body, HAS_AUX)),
         }
-        missing = [name for name, present in checks.items() if not present]
-        if missing:
-            return Probe(
-                Verdict.UNKNOWN,
-                "forward reads self.aux_hidden_state_layers but is not the known buggy shape;"
-                " missing: " + "; ".join(missing),
-            )
-        return Probe(
-            Verdict.BUGGY,
-            "forward captures the inputs of the requested layers and never the final layer's output",
+        return verdict_from_checks(
+            checks, "forward captures the inputs of the requested layers and never the final layer's output"
         )
 
     def transform_source(self, source: str) -> str:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from vllm_hotfix.fixes.aux_capture import verdict_from_checks, verdict_without_shape
 from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code, same_code
-from vllm_hotfix.fixes.deepseek_final_aux import FINAL_TEST, HAS_AUX, INIT, LOOP_TEST, NOT_LAST_RANK
+from vllm_hotfix.fixes.deepseek_final_aux import HAS_AUX, INIT, LOOP_TEST, NOT_LAST_RANK
 
 FUSED_NORM = "hidden_states, _ = fused_allreduce_rms_norm(hidden_states, residual, self.norm)"
 APPEND = "aux_hidden_states.append"
@@ -114,13 +115,9 @@ class DeepseekV32FinalAux(Fix):
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
-        if not any(
-            isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
-            for node in ast.walk(function)
-        ):
-            return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
-        if contains_code(function, FINAL_TEST):
-            return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+        decided = verdict_without_shape(function)
+        if decided is not None:
+            return decided
 
         body = function.body
         norm_top = [i for i, stmt in enumerate(body) if contains_code(stmt, FUSED_NORM)]
@@ -135,15 +132,8 @@ class DeepseekV32FinalAux(Fix):
             f"`if {HAS_AUX}: return ...` after the norm": norm_at is not None
             and any(i > norm_at for i in _top_level_if_returns(body, HAS_AUX)),
         }
-        missing = [name for name, present in checks.items() if not present]
-        if missing:
-            return Probe(
-                Verdict.UNKNOWN,
-                "forward reads self.aux_hidden_state_layers but is not the known buggy shape;"
-                " missing: " + "; ".join(missing),
-            )
-        return Probe(
-            Verdict.BUGGY,
+        return verdict_from_checks(
+            checks,
             "forward captures the inputs of the requested layers and never the final layer's output;"
             f" not patched: {WHY_NO_PATCH}",
         )

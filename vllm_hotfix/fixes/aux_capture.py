@@ -1,0 +1,35 @@
+"""What every probe of an aux-hidden-state forward shares: the first two verdicts, which need no
+shape check, and the last step, which turns a list of shape checks into a verdict."""
+
+from __future__ import annotations
+
+import ast
+
+from vllm_hotfix.fixes.base import Probe, Verdict, contains_code
+
+FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
+
+
+def verdict_without_shape(function: ast.FunctionDef) -> Probe | None:
+    """NOT_AFFECTED (no aux capture at all) or FIXED_UPSTREAM (captures end_layer), else None."""
+    reads_aux = any(
+        isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
+        for node in ast.walk(function)
+    )
+    if not reads_aux:
+        return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
+    if contains_code(function, FINAL_TEST):
+        return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+    return None
+
+
+def verdict_from_checks(checks: dict[str, bool], buggy_reason: str) -> Probe:
+    """BUGGY when every named shape check holds, else UNKNOWN naming what is missing."""
+    missing = [name for name, present in checks.items() if not present]
+    if missing:
+        return Probe(
+            Verdict.UNKNOWN,
+            "forward reads self.aux_hidden_state_layers but is not the known buggy shape;"
+            " missing: " + "; ".join(missing),
+        )
+    return Probe(Verdict.BUGGY, buggy_reason)
