@@ -93,10 +93,12 @@ class Ways:
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
         if not lines:
             raise RuntimeError(f"engine run gave no result:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
-        files = sorted(capture.glob("propose-*.pt"))
+        # One file per process that ran the proposer (one per worker with TP > 1), in pid order.
+        files = sorted(capture.glob("propose-*.pt"), key=lambda f: int(f.stem.split("-")[1]))
+        per_process = [torch.load(f) for f in files]
         return {
             "result": json.loads(lines[-1][len("RESULT ") :]),
-            "calls": torch.load(files[0]) if len(files) == 1 else None,
-            "capture_files": files,
+            "calls": per_process[0] if len(per_process) == 1 else None,
+            "per_process": per_process,
             "log": done.stdout + done.stderr,
         }

@@ -34,10 +34,17 @@ def engine(ways: Ways):
     """ways.run, cached per configuration (several tests compare against the same runs)."""
     cache: dict[tuple, Run] = {}
 
-    def run(way: str, ids: str, mode: str = "eager", version: str = BUG, **env: str) -> Run:
-        key = (way, ids, mode, version, tuple(sorted(env.items())))
+    def run(
+        way: str,
+        ids: str,
+        mode: str = "eager",
+        version: str = BUG,
+        extra_args: list[str] | None = None,
+        **env: str,
+    ) -> Run:
+        key = (way, ids, mode, version, tuple(extra_args or ()), tuple(sorted(env.items())))
         if key not in cache:
-            cache[key] = ways.run(way, ids, mode, version, **env)
+            cache[key] = ways.run(way, ids, mode, version, extra_args, **env)
         return cache[key]
 
     return run
@@ -105,3 +112,23 @@ def test_site_hook_file_is_reported(ways: Ways) -> None:
         [python, "-m", "vllm_hotfix", "status", "--no-probe"], capture_output=True, text=True
     )
     assert "site hook: " in done.stdout and "vllm_hotfix_site_hook.pth" in done.stdout, done.stdout
+
+
+def test_tensor_parallel_workers_are_each_fixed(engine) -> None:
+    """TP=2 on the CPU backend: two workers, each patched and each equal to vLLM 0.25.0's.
+
+    Pipeline parallelism cannot be tested: vLLM 0.24.0 and 0.25.0 refuse the extract_hidden_states
+    draft with PP ("Pipeline parallelism is not supported for this model", SpeculativeConfig).
+    """
+    tp = {"extra_args": ["--tensor-parallel-size", "2"], "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    fixed = engine("plugin", "1,2,4", **tp)
+    upstream = engine("stock", "1,2,4", version=FIXED, **tp)
+    assert fixed["result"]["ok"], fixed["result"].get("error")
+    assert len(fixed["per_process"]) == 2 == len(upstream["per_process"]), "expected two TP workers"
+    pids = set()
+    for mine, theirs in zip(fixed["per_process"], upstream["per_process"], strict=True):
+        assert all(call["patched"] for call in mine)
+        pids.add(mine[0]["pid"])
+        assert_same_states({**fixed, "calls": mine}, {**upstream, "calls": theirs}, "TP=2 worker")
+    for pid in pids:
+        assert f"vllm-hotfix pid={pid} vllm=0.24.0 fix=deepseek-final-aux decision='patched'" in fixed["log"]
