@@ -232,3 +232,39 @@ def test_status_command_exits_2_when_a_fix_is_left_out(testenv) -> None:
         hotfix=True,
     )
     assert done.returncode == 2 and f"fix {DS}: unknown" in done.stdout
+
+
+LOAD_ALTERED_DEEPSEEK = """
+    import importlib.util, pathlib, tempfile, vllm.model_executor.models as models
+    # A build of vLLM whose forward differs from every release: same bug, loop written differently.
+    real = pathlib.Path(models.__file__).with_name("deepseek_v2.py").read_text()
+    altered = real.replace("if idx in self.aux_hidden_state_layers:",
+                           "if self.aux_hidden_state_layers.__contains__(idx):")
+    assert altered != real
+    path = pathlib.Path(tempfile.mkdtemp()) / "deepseek_v2.py"
+    path.write_text(altered)
+    name = "vllm.model_executor.models.deepseek_v2"
+    spec = importlib.util.spec_from_file_location(name, path)
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[name] = m
+    spec.loader.exec_module(m)
+    original = vars(m.DeepseekV2Model)["forward"]
+    import vllm_hotfix
+    status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}["deepseek-final-aux"]
+    emit(decision=status["decision"], reason=status["reason"],
+         patched=vars(m.DeepseekV2Model)["forward"] is not original)
+"""
+
+
+def test_unknown_shape_is_left_alone_with_advice(testenv) -> None:
+    facts = run_snippet(testenv, LOAD_ALTERED_DEEPSEEK)
+    assert facts["decision"] == "unknown" and not facts["patched"]
+    assert "missing: a layer loop" in facts["reason"]
+    ((level, line),) = decision_lines(facts, DS)
+    assert level == "WARNING" and f"VLLM_HOTFIX_FORCE={DS}" in line
+
+
+def test_force_patches_an_unknown_shape_that_takes_the_change(testenv) -> None:
+    facts = run_snippet(testenv, LOAD_ALTERED_DEEPSEEK, VLLM_HOTFIX_FORCE=DS)
+    assert facts["decision"] == "patched" and facts["patched"]
+    assert facts["reason"].startswith("forced by VLLM_HOTFIX_FORCE")

@@ -72,3 +72,10 @@ def test_parse_release(text: str, release: tuple[int, ...] | None) -> None:
 )
 def test_known_range(text: str, inside: bool | None) -> None:
     assert VllmVersion(text, parse_release(text)).in_range("0.18.0", "0.24.0") is inside
+
+
+def test_force_list() -> None:
+    found = read_settings(IDS, {"VLLM_HOTFIX_FORCE": "deepseek-final-aux, nope"})
+    assert found.forced_ids == {"deepseek-final-aux"}
+    (problem,) = found.problems
+    assert "VLLM_HOTFIX_FORCE" in problem and "'nope'" in problem

@@ -34,8 +34,6 @@ REMOVED = "removed"
 PENDING = "pending"
 FOREIGN = Verdict.UNKNOWN.value  # a function we did not expect is reported as unknown
 
-ISSUES_URL = "https://github.com/vllm-hotfix/vllm-hotfix/issues"
-
 
 class HotfixError(RuntimeError):
     """Raised only in strict mode (VLLM_HOTFIX_STRICT=1) when a fix could not be applied."""
@@ -129,9 +127,12 @@ def _log_decision(fix: Fix, record: Record) -> None:
     )
     if level == logging.WARNING:
         message += (
-            f" The fix was NOT applied. If this vLLM carries the bug, run `vllm-hotfix status --json`"
-            f" and report it at {ISSUES_URL}; upgrading to a vLLM with the upstream fix"
-            f" ({fix.upstream}) repairs it; VLLM_HOTFIX_STRICT=1 makes this an error."
+            " The fix was NOT applied. If this vLLM carries the bug: upgrading to a vLLM with the"
+            f" upstream fix ({fix.upstream}) repairs it; {settings_mod.FORCE_VAR}={fix.fix_id} patches"
+            " an unrecognised source shape anyway if upstream's change can still be made to it (never"
+            " a function another plugin installed); please report the output of"
+            " `vllm-hotfix status --json` to the vllm-hotfix maintainers."
+            f" {settings_mod.STRICT_VAR}=1 makes this an error."
         )
     logger.log(level, message)
 
@@ -183,10 +184,20 @@ def _decide(fix: Fix, module: types.ModuleType) -> Record:
     probe = fix.probe_source(source, related)
     note = _version_note(fix, probe.verdict.value, version)
     reason = f"{probe.reason}; {note}"
-    if probe.verdict is not Verdict.BUGGY:
+    forced = probe.verdict is Verdict.UNKNOWN and fix.fix_id in found.forced_ids
+    if probe.verdict is not Verdict.BUGGY and not forced:
         return Record(fix.fix_id, probe.verdict.value, reason, version_text)
+    if forced:
+        reason = f"forced by {settings_mod.FORCE_VAR} although the probe said: {reason}"
 
-    fixed_source = fix.transform_source(source)
+    try:
+        fixed_source = fix.transform_source(source)
+    except Exception as error:
+        if not forced:
+            raise
+        return Record(
+            fix.fix_id, FAILED, f"cannot make upstream's change here ({error}); {reason}", version_text
+        )
     check = fix.probe_source(fixed_source, related)
     if check.verdict is not Verdict.FIXED_UPSTREAM:
         return Record(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 DISABLE_VAR = "VLLM_HOTFIX_DISABLE"
 STRICT_VAR = "VLLM_HOTFIX_STRICT"
+FORCE_VAR = "VLLM_HOTFIX_FORCE"
 CACHE_DIR_VAR = "VLLM_HOTFIX_CACHE_DIR"
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "all"})
@@ -25,6 +26,7 @@ class Settings:
     disabled_ids: frozenset[str] = frozenset()
     strict: bool = False
     problems: tuple[str, ...] = field(default=())
+    forced_ids: frozenset[str] = frozenset()
 
     def is_disabled(self, fix_id: str) -> bool:
         return self.disable_all or fix_id in self.disabled_ids
@@ -36,7 +38,7 @@ def disable_means_all(raw: str | None) -> bool:
 
 
 def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None = None) -> Settings:
-    """Parse VLLM_HOTFIX_DISABLE and VLLM_HOTFIX_STRICT; never raises."""
+    """Parse VLLM_HOTFIX_DISABLE, VLLM_HOTFIX_STRICT and VLLM_HOTFIX_FORCE; never raises."""
     env = os.environ if environ is None else environ
     problems: list[str] = []
 
@@ -71,7 +73,16 @@ def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None
                     f" (every fix), 0/false/no/off (none), or a comma-separated list of"
                     f" {', '.join(known_fix_ids)}; ignoring {item!r}"
                 )
-    return Settings(disable_all, frozenset(disabled), strict, tuple(problems))
+    forced: set[str] = set()
+    for item in (part.strip() for part in env.get(FORCE_VAR, "").split(",")):
+        if item in known_fix_ids:
+            forced.add(item)
+        elif item:
+            problems.append(
+                f"{FORCE_VAR}: {item!r} is not a fix id; accepted values: a comma-separated list of"
+                f" {', '.join(known_fix_ids)}; ignoring {item!r}"
+            )
+    return Settings(disable_all, frozenset(disabled), strict, tuple(problems), frozenset(forced))
 
 
 def cache_dir(environ: dict[str, str] | None = None) -> str:
