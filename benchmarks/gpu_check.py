@@ -36,7 +36,8 @@ def main() -> int:
         start = time.monotonic()
         run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **GPU, **env)
         result = run["result"]
-        outcome = "generated" if result["ok"] else "FAILED: " + result["error"].splitlines()[0][:150]
+        cause = run["root_cause"] or result.get("error", "")
+        outcome = "generated" if result["ok"] else "FAILED: " + cause.splitlines()[0][:150]
         print(f"{label:28s} {outcome} ({time.monotonic() - start:.0f} s)")
         runs[label] = run
     fixed, upstream = runs["0.24.0 + hotfix (plugin)"], runs["0.25.0"]

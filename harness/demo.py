@@ -25,7 +25,8 @@ def step(ways: Ways, title: str, way: str, version: str = BUG, **env: str) -> di
     say(f"\n== {title}")
     start = time.monotonic()
     run = ways.run(way, IDS, version=version, **env)
-    outcome = "generated" if run["result"]["ok"] else f"FAILED: {run['result']['error'].splitlines()[0]}"
+    cause = run["root_cause"] or run["result"].get("error", "")
+    outcome = "generated" if run["result"]["ok"] else f"FAILED: {cause.splitlines()[0][:200]}"
     say(f"   {outcome}   ({time.monotonic() - start:.0f} s)")
     for line in run["log"].splitlines():
         if "vllm-hotfix pid=" in line and "deepseek-final-aux" in line:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -45,6 +46,19 @@ def make_site_venv(testenv: TestEnv, root: Path) -> str:
     )
     assert done.returncode == 0 and str(site) in done.stdout, done.stderr
     return python
+
+
+_ERROR_LINE = re.compile(r"^\((?:Worker|EngineCore)[^)]*\) ERROR .*?\] (\w+(?:Error|Exception): .*)$")
+
+
+def root_cause(log: str) -> str | None:
+    """The first error a vLLM child process logged: what a user reads above the launcher's
+    generic "Engine core initialization failed" or "EngineDeadError"."""
+    for line in log.splitlines():
+        match = _ERROR_LINE.match(line)
+        if match:
+            return match.group(1)
+    return None
 
 
 class Ways:
@@ -101,4 +115,5 @@ class Ways:
             "calls": per_process[0] if len(per_process) == 1 else None,
             "per_process": per_process,
             "log": done.stdout + done.stderr,
+            "root_cause": root_cause(done.stdout + done.stderr),
         }
