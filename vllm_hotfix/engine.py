@@ -32,7 +32,6 @@ DISABLED = "disabled"
 FAILED = "failed"
 REMOVED = "removed"
 PENDING = "pending"
-FOREIGN = Verdict.UNKNOWN.value  # a function we did not expect is reported as unknown
 
 
 class HotfixError(RuntimeError):
