@@ -19,19 +19,29 @@ def eager(model_states, version: str, hotfix: bool, dtype: str = "float32") -> d
     return model_states(version, hotfix, EAGER_VARIANTS, dtype, options=EAGER_OPTIONS)
 
 
+def minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Operation counts of graph a less those of graph b, zeros left out."""
+    diff = Counter(a)
+    diff.subtract(b)
+    return {op: n for op, n in diff.items() if n}
+
+
 def test_fx_graph_is_stock_plus_one_add(model_states) -> None:
     patched, stock = eager(model_states, BUG, True), eager(model_states, BUG, False)
     upstream = eager(model_states, FIXED, False)
-    with_final = Counter(patched["graphs"]["1,4"])
-    with_final.subtract(stock["graphs"]["1,4"])
-    assert {op: n for op, n in with_final.items() if n} == {"call_function:add": 1}
+    assert minus(patched["graphs"]["1,4"], stock["graphs"]["1,4"]) == {"call_function:add": 1}  # the capture
     assert patched["graphs"]["1,2"] == stock["graphs"]["1,2"]  # no extra operation
     report = {
         name: {v: sum(run["graphs"][v].values()) for v in ("1,4", "1,2")}
         for name, run in (("0.24.0", stock), ("0.24.0+hotfix", patched), ("0.25.0", upstream))
     }
     print(f"FX graph operations per id list: {report}")
-    assert patched["graphs"]["1,4"] == upstream["graphs"]["1,4"], "differs from upstream's graph"
+
+    # 0.24.0's model has an operation 0.25.0's has not, elsewhere than the capture (a `clone`):
+    # the patched graph differs from 0.25.0's by exactly that, with or without the final id.
+    elsewhere = minus(stock["graphs"]["1,2"], upstream["graphs"]["1,2"])
+    assert minus(patched["graphs"]["1,4"], upstream["graphs"]["1,4"]) == elsewhere
+    assert minus(patched["graphs"]["1,2"], upstream["graphs"]["1,2"]) == elsewhere
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -48,8 +58,9 @@ MODES = {
     "bytecode-hook-off": {"VLLM_USE_BYTECODE_HOOK": "0"},
 }
 # Which code Dynamo traces is what these modes change; the backend is not. vLLM's own CPU switch
-# VLLM_CPU_CI_ENV=1 keeps Dynamo and the decorator's paths but runs the traced graph eagerly, so
-# the result is compared bit for bit with vLLM 0.25.0's eager run (same ops, same order).
+# VLLM_CPU_CI_ENV=1 keeps Dynamo and the decorator's paths but runs the traced graph without
+# inductor, which saves minutes per run. Each mode is compared with 0.25.0 in the same mode:
+# compiled runs use vLLM's native custom ops, so they differ from eager runs in the last bits.
 DYNAMO_ONLY = {"VLLM_CPU_CI_ENV": "1"}
 
 
@@ -59,8 +70,8 @@ def test_compile_modes(model_states, mode: str, dtype: str) -> None:
     """The defaults (ahead-of-time compile and bytecode hook on) are in test_model_states."""
     variant = FINAL_VARIANT[dtype]
     patched = model_states(BUG, True, variant, dtype, "compile", **MODES[mode], **DYNAMO_ONLY)
-    upstream = eager(model_states, FIXED, False, dtype)
-    assert patched["compiled"], "the model was not compiled"
+    upstream = model_states(FIXED, False, variant, dtype, "compile", **MODES[mode], **DYNAMO_ONLY)
+    assert patched["compiled"] and upstream["compiled"], "the model was not compiled"
     assert patched["aot_compile_env"] == (mode != "aot-compile-off")
     assert patched["bytecode_hook_env"] == (mode != "bytecode-hook-off")
     assert patched["patched"] and len(patched["variants"][variant]["aux"]) == len(variant.split(","))
