@@ -8,7 +8,9 @@ only when it imports it, so "without the hotfix" really is stock vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -83,12 +85,30 @@ class TestEnv:
         python: str | None = None,
         **extra: str,
     ) -> subprocess.CompletedProcess[str]:
-        """Run the venv's Python (or `python`) with `args`; output captured, never raises on failure."""
-        return subprocess.run(
-            [python or self.python, *args],
-            env=self.environ(version, hotfix, paths, **extra),
-            cwd=tempfile.gettempdir(),  # not the repo: nothing of it is importable unless asked
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        """Run the venv's Python (or `python`) with `args`; output captured, never raises on failure.
+
+        The child gets its own process group, killed when it exits: vLLM's engine core and workers
+        can outlive a launcher that died, and would keep running (and hold its output pipes).
+        """
+        command = [python or self.python, *args]
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            child = subprocess.Popen(
+                command,
+                env=self.environ(version, hotfix, paths, **extra),
+                cwd=tempfile.gettempdir(),  # not the repo: nothing of it is importable unless asked
+                stdout=out,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+            )
+            try:
+                code = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                code = -signal.SIGKILL
+            finally:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(command, code, out.read(), err.read())
