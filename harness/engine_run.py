@@ -12,6 +12,7 @@ if os.environ.get("HARNESS_IMPORT_HOTFIX") == "1":
     import vllm_hotfix  # noqa: F401
 
 import argparse
+import contextlib
 import json
 import time
 import traceback
@@ -67,6 +68,9 @@ def main() -> None:
     except Exception as error:  # report what stopped vLLM, as a user would see it
         result = {"ok": False, "error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc()}
     print("RESULT " + json.dumps(result), flush=True)
+    if result["ok"]:
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()  # stop the engine core and its workers
     os._exit(0)  # do not wait on a dead engine core's shutdown
 
 
