@@ -98,7 +98,7 @@ def build_function(
             break
     if filename is None:
         # Correct but uncacheable: a synthetic name is not a traced file, so compile caches
-        # cannot tell revisions apart. The caller reports this and disables reuse.
+        # cannot tell revisions apart. The caller warns and says to set VLLM_DISABLE_COMPILE_CACHE=1.
         filename = f"<{module_name}>"
         linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
 
