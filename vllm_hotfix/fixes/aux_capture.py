@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import ast
 
-from vllm_hotfix.fixes.base import Probe, Verdict, contains_code
+from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code
 
 FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
 
 
-def verdict_without_shape(function: ast.FunctionDef) -> Probe | None:
-    """NOT_AFFECTED (no aux capture at all) or FIXED_UPSTREAM (captures end_layer), else None."""
+def verdict_without_shape(source: str) -> ast.FunctionDef | Probe:
+    """Parse the forward and decide at once where its shape does not matter: UNKNOWN (unparsable),
+    NOT_AFFECTED (no aux capture at all), FIXED_UPSTREAM (captures end_layer); else the function."""
+    try:
+        function = Fix.parse_function(source)
+    except (SyntaxError, ValueError) as error:
+        return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
     reads_aux = any(
         isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
         for node in ast.walk(function)
@@ -19,8 +24,10 @@ def verdict_without_shape(function: ast.FunctionDef) -> Probe | None:
     if not reads_aux:
         return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
     if contains_code(function, FINAL_TEST):
-        return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
-    return None
+        return function, Probe(
+            Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})"
+        )
+    return function, None
 
 
 def verdict_from_checks(checks: dict[str, bool], buggy_reason: str) -> Probe:

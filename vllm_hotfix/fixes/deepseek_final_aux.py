@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping
 
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST, verdict_from_checks, verdict_without_shape
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, same_code
 
 NORM_CALL = "hidden_states, _ = self.norm(hidden_states, residual)"
 CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
@@ -54,13 +54,9 @@ class DeepseekFinalAux(Fix):
     upstream = "vLLM PR #46973, released in 0.25.0"
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
-        decided = verdict_without_shape(function)
-        if decided is not None:
-            return decided
+        function = verdict_without_shape(source)
+        if isinstance(function, Probe):
+            return function
 
         body = function.body
         norm_all = [node for node in ast.walk(function) if same_code(node, NORM_CALL)]

@@ -111,13 +111,9 @@ class DeepseekV32FinalAux(Fix):
         self.affected = (FIRST_AFFECTED[vendor], "0.33.0")
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
-        decided = verdict_without_shape(function)
-        if decided is not None:
-            return decided
+        function = verdict_without_shape(source)
+        if isinstance(function, Probe):
+            return function
 
         body = function.body
         norm_top = [i for i, stmt in enumerate(body) if contains_code(stmt, FUSED_NORM)]
