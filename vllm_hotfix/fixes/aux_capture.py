@@ -24,10 +24,8 @@ def verdict_without_shape(source: str) -> ast.FunctionDef | Probe:
     if not reads_aux:
         return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
     if contains_code(function, FINAL_TEST):
-        return function, Probe(
-            Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})"
-        )
-    return function, None
+        return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+    return function
 
 
 def verdict_from_checks(checks: dict[str, bool], buggy_reason: str) -> Probe:
