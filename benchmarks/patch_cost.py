@@ -27,10 +27,11 @@ def main(runs: int = 200) -> None:
     print(
         f"vLLM {sys.modules['vllm'].__version__}: importing deepseek_v2 took {time.perf_counter() - t0:.2f} s"
     )
-    from vllm_hotfix import codegen, engine
+    from vllm_hotfix import codegen, decide, settings
     from vllm_hotfix.fixes import ALL_FIXES
 
     fix = ALL_FIXES[0]
+    found = settings.read_settings(())
     installed = vars(deepseek_v2.DeepseekV2Model)["forward"]
     original = installed.__wrapped__
     print(f"fix {fix.fix_id}: {vllm_hotfix.status()['fixes'][0]['decision']}")
@@ -39,7 +40,7 @@ def main(runs: int = 200) -> None:
     for _ in range(runs):  # what the import hook does: decide, derive, compile, write, install
         fix.install(deepseek_v2, original, installed)
         t = time.perf_counter()
-        record = engine._decide(fix, deepseek_v2)
+        record = decide.decide(fix, deepseek_v2, found, None)
         whole.append((time.perf_counter() - t) * 1e3)
         installed = record.installed
     print(f"  whole decision + patch: {ms(whole)}  ({runs} runs)")
@@ -61,7 +62,7 @@ def main(runs: int = 200) -> None:
             source=fixed,
             qualname_base=original.__qualname__,
             provenance="benchmark",
-            directories=engine._generated_dirs(),
+            directories=decide.generated_dirs(),
         )
         t4 = time.perf_counter()
         for key, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):

@@ -110,7 +110,7 @@ def label(fix: Fix, verdict: Verdict) -> str:
 
 
 def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
-    """What `fix` concludes from the module texts, as engine._decide would for an installed vLLM."""
+    """What `fix` concludes from the module texts, as decide.decide would for an installed vLLM."""
     source = module_text(fix.module, texts)
     if source is None:
         return Outcome(fix.fix_id, fix.absent.value, f"{fix.module} is not in this release")

@@ -10,10 +10,11 @@ from typing import Any
 from vllm_hotfix import engine
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
+from vllm_hotfix.decide import FAILED, PENDING
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
 from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
 
-PROBLEM_DECISIONS = ("unknown", engine.FAILED)
+PROBLEM_DECISIONS = ("unknown", FAILED)
 
 
 def fix_statuses() -> list[dict[str, Any]]:
@@ -26,9 +27,9 @@ def fix_statuses() -> list[dict[str, Any]]:
         if record is not None:
             decision, reason = record.decision, record.reason
         elif not vllm_present:
-            decision, reason = engine.PENDING, "vLLM is not installed: nothing to fix"
+            decision, reason = PENDING, "vLLM is not installed: nothing to fix"
         else:
-            decision, reason = engine.PENDING, f"{fix.module} is not imported in this process yet"
+            decision, reason = PENDING, f"{fix.module} is not imported in this process yet"
         rows.append(
             {
                 "fix": fix.fix_id,
