@@ -86,10 +86,9 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
         if not _armed:
             return
         previous = _records.get(fix.fix_id)
+        found = _settings()  # raises HotfixError in strict mode when a switch is invalid
         try:
-            record = decide(fix, module, _settings(), previous)
-        except HotfixError:
-            raise
+            record = decide(fix, module, found, previous)
         except Exception as error:  # never break the host
             record = Record(
                 fix.fix_id,
@@ -105,12 +104,8 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
             logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
         if late:
             _warn_if_built_already(fix, module, record)
-        if record.decision in (Verdict.UNKNOWN.value, FAILED) and _strict():
+        if record.decision in (Verdict.UNKNOWN.value, FAILED) and found.strict:
             raise HotfixError(f"vllm-hotfix fix {fix.fix_id} not applied: {record.reason}")
-
-
-def _strict() -> bool:
-    return settings_mod.read_settings(FIX_IDS).strict
 
 
 def arm() -> None:
