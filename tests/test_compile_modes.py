@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from harness.testenv import BUG, FIXED
-from tests.runs import EAGER_OPTIONS, EAGER_VARIANTS
+from tests.runs import EAGER_GROUP, EAGER_OPTIONS, EAGER_VARIANTS
 from tests.test_model_states import assert_same
 
 pytestmark = pytest.mark.vllm
@@ -26,6 +26,7 @@ def minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {op: n for op, n in diff.items() if n}
 
 
+@EAGER_GROUP
 def test_fx_graph_is_stock_plus_one_add(model_states) -> None:
     patched, stock = eager(model_states, BUG, True), eager(model_states, BUG, False)
     upstream = eager(model_states, FIXED, False)
@@ -44,6 +45,7 @@ def test_fx_graph_is_stock_plus_one_add(model_states) -> None:
     assert minus(patched["graphs"]["1,2"], upstream["graphs"]["1,2"]) == elsewhere
 
 
+@EAGER_GROUP
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_model_inlined_in_a_compiled_parent(model_states, dtype: str) -> None:
     """The whole DeepseekV3ForCausalLM compiled with fullgraph=True (as STOCK_TORCH_COMPILE does)."""

@@ -17,7 +17,8 @@ import torch
 from harness.testenv import BUG, FIXED, TestEnv
 from harness.ways_in import Ways
 
-pytestmark = [pytest.mark.vllm, pytest.mark.engine]
+# One xdist worker: the tests share cached engine runs and the set-up of each way in.
+pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("engine-e2e")]
 BUG_MESSAGE = "The expanded size of the tensor (3) must match the existing size (2)"
 
 

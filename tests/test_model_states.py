@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from harness.testenv import BUG, FIXED
-from tests.runs import EAGER_OPTIONS, EAGER_VARIANTS, WITH_FINAL, WITHOUT_FINAL
+from tests.runs import EAGER_GROUP, EAGER_OPTIONS, EAGER_VARIANTS, WITH_FINAL, WITHOUT_FINAL
 
 pytestmark = pytest.mark.vllm
 
@@ -29,6 +29,7 @@ def assert_same(patched: dict, upstream: dict, label: str) -> None:
         assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), f"{label}: aux state {i} differs"
 
 
+@EAGER_GROUP
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_eager_patched_equals_upstream(model_states, dtype: str) -> None:
     patched = model_states(BUG, True, EAGER_VARIANTS, dtype, options=EAGER_OPTIONS)
@@ -42,6 +43,7 @@ def test_eager_patched_equals_upstream(model_states, dtype: str) -> None:
     assert only_final["kind"] == "tuple" and len(only_final["aux"]) == 1
 
 
+@EAGER_GROUP
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_eager_unpatched_reproduces_the_bug(model_states, dtype: str) -> None:
     """Proves the comparison above can fail: stock 0.24.0 drops the final state."""
@@ -54,6 +56,7 @@ def test_eager_unpatched_reproduces_the_bug(model_states, dtype: str) -> None:
         assert_same(stock["variants"][variant], upstream["variants"][variant], f"stock {dtype} [{variant}]")
 
 
+@EAGER_GROUP
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_eager_patched_equals_unpatched_without_final_id(model_states, dtype: str) -> None:
     patched = model_states(BUG, True, EAGER_VARIANTS, dtype, options=EAGER_OPTIONS)
@@ -64,6 +67,7 @@ def test_eager_patched_equals_unpatched_without_final_id(model_states, dtype: st
     assert torch.equal(patched["variants"]["1,4"]["aux"][0], stock["variants"]["1,4"]["aux"][0])
 
 
+@EAGER_GROUP
 def test_final_state_is_the_prenorm_sum(model_states) -> None:
     """In float32, RMSNorm(final aux state) * weight is the model's normed output (notes)."""
     patched = model_states(BUG, True, EAGER_VARIANTS, "float32", options=EAGER_OPTIONS)
