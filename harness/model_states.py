@@ -148,8 +148,8 @@ def main() -> None:
             captured["variants"] = results
             captured["compiled"] = bool(getattr(module.model, "compiled", False))
             captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
-            model_config = getattr(module.model, "vllm_config", None)
-            captured["jit_cache_dir"] = model_config.compilation_config.cache_dir if model_config else ""
+            vllm_config = getattr(module.model, "vllm_config", None)  # set by @support_torch_compile
+            captured["jit_cache_dir"] = vllm_config.compilation_config.cache_dir if vllm_config else ""
         return output[0] if isinstance(output, tuple) else output
 
     original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
