@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+_LIBRARIES: list[object] = []  # the placeholder libraries, kept alive: a Library deregisters when collected
+
 
 def _register_missing_placeholder_ops() -> list[str]:
     import torch
@@ -29,11 +31,8 @@ def _register_missing_placeholder_ops() -> list[str]:
         library = torch.library.Library("_C", "FRAGMENT")
         for name in missing:
             library.define(f"{name}(Tensor x) -> Tensor")
-        _LIBRARIES.append(library)  # a Library deregisters its ops when collected
+        _LIBRARIES.append(library)
     return missing
-
-
-_LIBRARIES: list[object] = []
 
 
 def enable() -> list[str]:

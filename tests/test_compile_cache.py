@@ -14,6 +14,7 @@ hotfix version.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,33 +26,46 @@ from tests.test_model_states import assert_same
 pytestmark = pytest.mark.vllm
 
 
+# The order every sequence runs in on one VLLM_CACHE_ROOT: (hotfix, harness options) per step.
+STEPS = ((False, ()), (True, ()), (True, ()), (False, ()), (True, ("--hotfix-version", "0.0.0+other")))
+AUX_PER_STEP = (1, 2, 2, 1, 2)  # aux states for ids [1,4]: unpatched 0.24.0 drops the final one
+
+
+def run_sequence(
+    model_states, root: Path, mode: str, listing: Callable[[Path], set[str]], **env: str
+) -> tuple[list[dict], list[set[str]]]:
+    """Run STEPS on vLLM 0.24.0 sharing `root`; return each run and the cache listing after it."""
+    runs, listings = [], []
+    for step, (hotfix, options) in enumerate(STEPS, start=1):
+        saved = model_states(
+            BUG,
+            hotfix,
+            "1,4",
+            "float32",
+            mode,
+            options=options,
+            VLLM_CACHE_ROOT=str(root),
+            HARNESS_STEP=str(step),
+            **env,
+        )
+        runs.append(saved)
+        listings.append(listing(root))
+    for saved, aux in zip(runs, AUX_PER_STEP, strict=True):
+        assert len(saved["variants"]["1,4"]["aux"]) == aux
+    return runs, listings
+
+
 def aot_artifacts(root: Path) -> set[str]:
     aot = root / "torch_compile_cache" / "torch_aot_compile"
     return {p.name for p in aot.iterdir()} if aot.exists() else set()
 
 
 def test_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path) -> None:
-    root = tmp_path / "shared-vllm-cache"
-
-    def run(step: int, hotfix: bool, *options: str) -> tuple[dict, set[str]]:
-        saved = model_states(
-            BUG,
-            hotfix,
-            "1,4",
-            "float32",
-            "compile",
-            options=options,
-            VLLM_CACHE_ROOT=str(root),
-            HARNESS_STEP=str(step),
-        )
+    runs, listings = run_sequence(model_states, tmp_path / "shared-vllm-cache", "compile", aot_artifacts)
+    stock1, patched2, patched3, stock4, other5 = runs
+    after1, after2, after3, after4, after5 = listings
+    for saved in runs:
         assert saved["compiled"] and saved["aot_compiled"]
-        return saved, aot_artifacts(root)
-
-    stock1, after1 = run(1, False)
-    patched2, after2 = run(2, True)
-    patched3, after3 = run(3, True)
-    stock4, after4 = run(4, False)
-    other5, after5 = run(5, True, "--hotfix-version", "0.0.0+other")
 
     assert after1, "the first run wrote no ahead-of-time artifact: the test would prove nothing"
     assert len(after2 - after1) == 1, "the patched run reused the unpatched run's artifact"
@@ -60,12 +74,10 @@ def test_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path)
     assert len(after5 - after4) == 1, "another hotfix version reused this version's artifact"
 
     # JIT key input: the file of the traced forward differs per patch state and hotfix version.
-    files = [saved["forward_file"] for saved in (stock1, patched2, patched3, stock4, other5)]
+    files = [saved["forward_file"] for saved in runs]
     assert files[0] == files[3] and files[0].endswith("deepseek_v2.py")
     assert files[1] == files[2] != files[4] and Path(files[1]).exists() and Path(files[4]).exists()
 
-    for saved, aux in ((stock1, 1), (patched2, 2), (patched3, 2), (stock4, 1), (other5, 2)):
-        assert len(saved["variants"]["1,4"]["aux"]) == aux
     for a, b in ((patched2, patched3), (patched2, other5), (stock1, stock4)):
         assert torch.equal(a["variants"]["1,4"]["aux"][-1], b["variants"]["1,4"]["aux"][-1])
 
@@ -78,29 +90,12 @@ def jit_dirs(root: Path) -> set[str]:
 def test_jit_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path) -> None:
     root = tmp_path / "shared-vllm-cache"
     jit_only = {"VLLM_USE_AOT_COMPILE": "0"}
-
-    def run(step: int, hotfix: bool, *options: str) -> tuple[dict, set[str]]:
-        saved = model_states(
-            BUG,
-            hotfix,
-            "1,4",
-            "float32",
-            "vllm-compile",
-            options=options,
-            VLLM_CACHE_ROOT=str(root),
-            HARNESS_STEP=str(step),
-            **jit_only,
-        )
+    runs, listings = run_sequence(model_states, root, "vllm-compile", jit_dirs, **jit_only)
+    stock1, patched2, patched3, stock4, other5 = runs
+    after1, after2, after3, after4, after5 = listings
+    for saved in runs:
         assert saved["compiled"] and not saved["aot_compiled"]
         assert Path(saved["jit_cache_dir"]).parent == root / "torch_compile_cache"
-        return saved, jit_dirs(root)
-
-    stock1, after1 = run(1, False)
-    patched2, after2 = run(2, True)
-    patched3, after3 = run(3, True)
-    stock4, after4 = run(4, False)
-    other5, after5 = run(5, True, "--hotfix-version", "0.0.0+other")
-    runs = (stock1, patched2, patched3, stock4, other5)
 
     assert after1 == {Path(stock1["jit_cache_dir"]).name}
     assert after2 - after1 == {Path(patched2["jit_cache_dir"]).name}, "patched run used the unpatched key"
@@ -114,8 +109,6 @@ def test_jit_cache_is_never_shared_across_patch_states(model_states, tmp_path: P
         written = saved["counters"]["num_compiled_artifacts_saved"]
         assert (loaded > 0 and written == 0) if warm else (written > 0 and loaded == 0), saved["counters"]
 
-    for saved, aux in zip(runs, (1, 2, 2, 1, 2), strict=True):
-        assert len(saved["variants"]["1,4"]["aux"]) == aux
     for a, b in ((patched2, patched3), (patched2, other5), (stock1, stock4)):
         assert_same(a["variants"]["1,4"], b["variants"]["1,4"], "warm run against cold run")
 
