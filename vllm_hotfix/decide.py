@@ -166,6 +166,7 @@ def decide(
         qualname_base=current.__qualname__,
         provenance=f"{code.co_filename}:{code.co_firstlineno} (vLLM {version_text})",
         directories=generated_dirs(),
+        bindings=fix.bindings(module),
     )
     generated.function.__vllm_hotfix__ = Marker(  # type: ignore[attr-defined]
         fix.fix_id, __version__, generated.digest, generated.filename

@@ -77,6 +77,10 @@ class Fix(ABC):
         """Put `function` where `replaces` is now."""
         setattr(self.holder(module), self.attribute, function)
 
+    def bindings(self, module: ModuleType) -> dict[str, Any]:
+        """Names the fixed source uses that the target's module does not define (none by default)."""
+        return {}
+
     # -- shared helpers for source probes -----------------------------------------------------
     @staticmethod
     def parse_function(source: str) -> ast.FunctionDef:
