@@ -1,0 +1,269 @@
+"""Run vLLM's real DeepseekV32Model (DeepSeek V3.2 / GLM-5 backbone) at TP=1 or TP=2 on CPU and save
+its aux hidden states, stock and (with --hotfix) patched, for the tests' oracles.
+
+Real: vLLM's DeepseekV32Model.forward and decoder layer, its tensor-parallel groups (gloo, one
+process per rank, vLLM's own init_distributed_environment / initialize_model_parallel),
+VocabParallelEmbedding, DeepseekV2MLP (reduce_results=False), RMSNorm, fused_allreduce_rms_norm on
+its non-flashinfer path, and every weight loaded through vLLM's own weight loaders from full-size
+tensors (so each rank gets its shard).
+
+Stand-ins, only where vLLM cannot run on CPU:
+- the DSA attention (sparse MLA + indexer: CUDA-only kernels) is replaced by `StandInAttention`,
+  which keeps its tensor-parallel contract: the full hidden state in, a column-parallel projection,
+  a per-feature causal token mix, a row-parallel projection with reduce_results=False, so the
+  output is each rank's partial sum, exactly as DeepseekV32Attention's o_proj leaves it;
+- vLLM 0.29+ fuses the embedding with the first norm in a Triton kernel when the whole vocabulary
+  is on the rank (TP=1); Triton has no CPU backend, so the model's own unfused path is selected
+  (`replicated_embed = False`), which computes the same values;
+- vLLM 0.25-0.27's deepseek_v32 import chain builds compile-pass pattern tables naming CUDA-only
+  `torch.ops._C.*` kernels; schemas are registered for the missing names so the module imports.
+  They are never executed.
+
+Stock and patched run in the same process, on the same model and inputs: with --hotfix the hotfix
+is imported before the model module (the patch is made at its import, as in vLLM), and stock is
+the original function the hotfix keeps as `__wrapped__` (vLLM's own function object).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import sys
+from types import SimpleNamespace
+
+PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
+HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 64, 4, 16, 128, 1024
+_LIBRARIES: list[object] = []  # placeholder op libraries, kept alive
+
+
+def _parse_variants(text: str) -> list[tuple[int, ...]]:
+    return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
+
+
+def import_model_module(vendor: str) -> object:
+    """Import vllm.models.deepseek_v32.<vendor>.model, defining missing CUDA-only _C op schemas."""
+    import importlib
+
+    import torch
+
+    name = f"vllm.models.deepseek_v32.{vendor}.model"
+    defined: list[str] = []
+    for _ in range(64):
+        try:
+            return importlib.import_module(name)
+        except AttributeError as error:
+            match = re.search(r"'_C' object has no attribute '(\w+)'", str(error))
+            if match is None or match.group(1) in defined:
+                raise
+            if not _LIBRARIES:
+                _LIBRARIES.append(torch.library.Library("_C", "FRAGMENT"))
+            _LIBRARIES[0].define(f"{match.group(1)}(Tensor x) -> Tensor")  # type: ignore[attr-defined]
+            defined.append(match.group(1))
+    raise RuntimeError(f"{name} still does not import after defining {defined}")
+
+
+def _stand_in_attention() -> type:
+    import torch
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    class StandInAttention(torch.nn.Module):
+        """DeepseekV32Attention's tensor-parallel contract without its CUDA kernels (module docstring)."""
+
+        def __init__(self, *, config: object, prefix: str = "", **_: object) -> None:
+            super().__init__()
+            inner = HEADS * HEAD_DIM
+            self.qx = ColumnParallelLinear(config.hidden_size, inner, bias=False, prefix=f"{prefix}.qx")
+            self.ox = RowParallelLinear(
+                inner, config.hidden_size, bias=False, reduce_results=False, prefix=f"{prefix}.ox"
+            )
+
+        def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+            mixed, _ = self.qx(hidden_states)
+            mixed = torch.tanh(mixed)
+            counts = torch.arange(1, mixed.shape[0] + 1, dtype=mixed.dtype, device=mixed.device)
+            mixed = torch.cumsum(mixed, dim=0) / counts[:, None]  # causal, per feature: TP-safe
+            out, _ = self.ox(mixed)
+            return out
+
+    return StandInAttention
+
+
+def _hf_config(layers: int) -> object:
+    from transformers import DeepseekV3Config
+
+    config = DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
+        num_hidden_layers=layers,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        rms_norm_eps=1e-6,
+        first_k_dense_replace=layers,  # dense layers: DeepseekV2MLP(reduce_results=False) everywhere
+    )
+    config.index_topk = 8
+    return config
+
+
+def _weights(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """Checkpoint names, full shapes and kinds of the backbone (prefix `model.` stripped)."""
+    inner = HEADS * HEAD_DIM
+    names: list[tuple[str, tuple[int, ...], str]] = [("embed_tokens.weight", (VOCAB, HIDDEN), "embed")]
+    for i in range(layers):
+        p = f"layers.{i}."
+        names += [
+            (p + "input_layernorm.weight", (HIDDEN,), "norm"),
+            (p + "post_attention_layernorm.weight", (HIDDEN,), "norm"),
+            (p + "self_attn.qx.weight", (inner, HIDDEN), "linear"),
+            (p + "self_attn.ox.weight", (HIDDEN, inner), "linear"),
+            (p + "mlp.gate_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+            (p + "mlp.up_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+            (p + "mlp.down_proj.weight", (HIDDEN, INTERMEDIATE), "linear"),
+        ]
+    return [*names, ("norm.weight", (HIDDEN,), "norm")]
+
+
+def _tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) -> object:
+    """The same full tensor for a name in every process and at every TP size."""
+    import torch
+
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(shape, generator=generator, dtype=torch.float32)
+    if kind == "norm":
+        values = 1.0 + 0.1 * values
+    elif kind == "linear":
+        values = values / shape[-1] ** 0.5
+    return values.to(dtype)
+
+
+class _ModelBuildConfig:
+    """vLLM's config with a model config that holds just the hf_config and dtype (no checkpoint)."""
+
+    def __init__(self, real: object, model_config: object) -> None:
+        self.model_config = model_config
+        self.quant_config = None
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    os.environ["VLLM_DIST_IDENT"] = f"v32-{port}"  # vLLM's CPU communicator names its shm group by it
+    import torch
+
+    if args.hotfix:
+        # armed before vLLM: the model module is patched at its import, as in vLLM's own processes
+        import vllm_hotfix
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    module = import_model_module(args.vendor)
+    stand_in = _stand_in_attention()
+    for attention in ("DeepseekV32Attention", "DeepseekV32MLAAttention"):
+        if attention in vars(module):
+            setattr(module, attention, stand_in)
+
+    dtype = getattr(torch, args.dtype)
+    torch.set_default_dtype(dtype)
+    vllm_config = VllmConfig()
+    vllm_config.parallel_config.tensor_parallel_size = world
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
+        initialize_model_parallel(tensor_model_parallel_size=world)
+        model_config = SimpleNamespace(hf_config=_hf_config(args.layers), dtype=dtype)
+        vllm_config.scheduler_config.max_num_batched_tokens = 64
+        config = _ModelBuildConfig(vllm_config, model_config)
+        model = module.DeepseekV32Model(vllm_config=config, prefix="model")
+        loaded = model.load_weights(
+            (name, _tensor(name, shape, kind, dtype)) for name, shape, kind in _weights(args.layers)
+        )
+        # vLLM 0.29+: with the full vocabulary on the rank (TP=1), the embedding and the first norm
+        # run as one Triton kernel (fused_embed_norm), which has no CPU backend. The model's own
+        # unfused path (embed_input_ids, then the layer's input_layernorm) computes the same values.
+        unfused_embedding = bool(getattr(model, "replicated_embed", False))
+        if unfused_embedding:
+            model.replicated_embed = False
+        for sub in model.modules():
+            method = getattr(sub, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(sub)
+
+        forward = vars(type(model))["forward"]
+        stock = getattr(forward, "__wrapped__", forward)
+        ids = torch.tensor(PROMPT)
+        positions = torch.arange(len(PROMPT))
+        results = []
+        with torch.no_grad():
+            for variant in _parse_variants(args.variants):
+                model.aux_hidden_state_layers = variant
+                entry = {"ids": variant}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    if label == "patched" and not args.hotfix:
+                        continue
+                    try:
+                        out = function(model, ids, positions)
+                    except Exception as error:  # stock fails for some ids: that is the bug
+                        entry[label] = {"error": f"{type(error).__name__}: {error}"}
+                        continue
+                    hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
+                    entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
+                    entry[label]["returned_aux"] = aux is not None
+                results.append(entry)
+
+    status = None
+    if args.hotfix:
+        import vllm_hotfix
+
+        status = vllm_hotfix.status()
+    import vllm
+
+    torch.save(
+        {
+            "rank": rank,
+            "world": world,
+            "vllm": vllm.__version__,
+            "results": results,
+            "loaded": sorted(loaded or []),
+            "norm_weight": model.norm.weight.detach().clone(),
+            "norm_eps": model.norm.variance_epsilon,
+            "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
+            "status": status,
+            "unfused_embedding": unfused_embedding,
+        },
+        os.path.join(args.out, f"rank{rank}.pt"),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--vendor", default="nvidia")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--variants", default="1,2,3")
+    parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
+    args = parser.parse_args()
+
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.makedirs(args.out, exist_ok=True)
+    if args.world == 1:
+        worker(0, 1, port, args)
+    else:
+        mp.start_processes(worker, args=(args.world, port, args), nprocs=args.world, start_method="spawn")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
