@@ -9,15 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.testenv import REPO
+from harness.wheel import pip_install_wheel
 
 
 def make_venv(root: Path, python: str = sys.executable, hook: bool = True) -> str:
-    """A venv (no pip) with vllm_hotfix installed from this checkout; its site hook if `hook`."""
+    """A venv (no pip) with vllm_hotfix installed from this checkout's wheel (harness.wheel, built once
+    per process); its site hook if `hook`."""
     subprocess.run([python, "-m", "venv", "--without-pip", str(root)], check=True)
     (site,) = root.glob("lib/python*/site-packages")
-    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site)]
-    subprocess.run([*pip, str(REPO)], check=True, capture_output=True)
+    pip_install_wheel(python, site)
     venv_python = str(root / "bin" / "python")
     if hook:
         subprocess.run(

@@ -1,7 +1,8 @@
 """The three ways the hotfix gets into vLLM's processes, set up for real, and an engine run on each.
 
-- plugin: pip installs the package (with its `vllm.general_plugins` entry point) into a directory
-  on PYTHONPATH; nothing imports it but vLLM's plugin loader.
+- plugin: pip installs the package's wheel (with its `vllm.general_plugins` entry point; built once
+  per process outside the source tree, harness.wheel) into a directory on PYTHONPATH; nothing
+  imports it but vLLM's plugin loader.
 - site: a venv layered on the test environment, the package installed in it and its site hook
   written by `python -m vllm_hotfix install-sitecustomize`; VLLM_PLUGINS filters the plugin out.
 - import: the launch script does `import vllm_hotfix` at its top; no plugin, no site hook.
@@ -18,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.testenv import BUG, REPO, TestEnv
+from harness.wheel import pip_install_wheel
 
 CAPTURE_SITE = str(REPO / "harness" / "capture_site")
 WAYS = ("plugin", "site", "import", "stock")
 
 
 def pip_install_hotfix(testenv: TestEnv, target: Path) -> None:
-    pip = [testenv.python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*pip, "--target", str(target), str(REPO)], check=True, capture_output=True)
+    pip_install_wheel(testenv.python, target)
 
 
 def install_plugin(testenv: TestEnv, target: Path) -> str:

