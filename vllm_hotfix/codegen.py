@@ -1,6 +1,6 @@
 """Turn a fixed source text into a plain Python function that torch.compile traces like vLLM's own.
 
-Measured (../shared/notes/compile-and-patches.md): the generated function must live in a real file
+Measured (docs/design.md): the generated function must live in a real file
 holding exactly its source, named by its content hash, with a module of that name and `__file__` in
 sys.modules, and a `__qualname__` carrying the fix id and hash. Then vLLM's ahead-of-time cache key
 (qualname + first line) and its JIT cache key (hash of the traced files) both differ from an
