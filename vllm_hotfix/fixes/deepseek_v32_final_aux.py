@@ -213,6 +213,7 @@ class DeepseekV32FinalAux(Fix):
 
     owner = "DeepseekV32Model"
     attribute = "forward"
+    fixed_in = None
     upstream = f"not fixed upstream as of vLLM {LAST_CHECKED}"
     absent = Verdict.NOT_AFFECTED  # before vLLM 0.25.0 (amd: 0.27.0) V3.2 ran on DeepseekV2Model
 
