@@ -11,10 +11,23 @@ from vllm_hotfix import engine
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
 from vllm_hotfix.decide import FAILED, PENDING
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Verdict
 from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
 
 PROBLEM_DECISIONS = ("unknown", FAILED)
+
+
+def _module_exists(name: str) -> bool:
+    """Whether vLLM ships the module `name`, found on disk: importing it could fail, or be heavy."""
+    top, *rest = name.split(".")
+    loaded = sys.modules.get(top)
+    spec = None if loaded is not None else PathFinder.find_spec(top)
+    locations = getattr(loaded, "__path__", None) or (spec and spec.submodule_search_locations) or []
+    for base in locations:
+        path = os.path.join(base, *rest)
+        if os.path.isfile(path + ".py") or os.path.isfile(os.path.join(path, "__init__.py")):
+            return True
+    return False
 
 
 def fix_statuses() -> list[dict[str, Any]]:
@@ -28,6 +41,8 @@ def fix_statuses() -> list[dict[str, Any]]:
             decision, reason = record.decision, record.reason
         elif not vllm_present:
             decision, reason = PENDING, "vLLM is not installed: nothing to fix"
+        elif fix.absent is Verdict.NOT_AFFECTED and not _module_exists(fix.module):
+            decision, reason = fix.absent.value, f"{fix.module} does not exist in this vLLM"
         else:
             decision, reason = PENDING, f"{fix.module} is not imported in this process yet"
         rows.append(
