@@ -140,6 +140,47 @@ def _tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) -> obje
     return values.to(dtype)
 
 
+def _count_all_reduces() -> list[int]:
+    """Count vLLM's tensor-parallel all-reduces (instrumentation of this harness, not of the hotfix).
+
+    Every all-reduce of the model goes through GroupCoordinator.all_reduce (the collectives the fix
+    binds, the fused norm's fallback, the parallel embedding); only those across >1 rank count.
+    """
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    count = [0]
+    original = GroupCoordinator.all_reduce
+
+    def all_reduce(self: object, input_: object) -> object:
+        if getattr(self, "world_size", 1) > 1:
+            count[0] += 1
+        return original(self, input_)
+
+    GroupCoordinator.all_reduce = all_reduce
+    return count
+
+
+def _interleaved_times(
+    model: object, stock: object, patched: object, ids: object, positions: object, n: int
+) -> dict:
+    """Seconds per forward call, stock and patched alternating call by call (order swapped each round)."""
+    import time
+
+    import torch
+
+    times: dict[str, list[float]] = {"stock": [], "patched": []}
+    pairs = [("stock", stock), ("patched", patched)]
+    with torch.no_grad():
+        for function in (stock, patched):  # warm-up
+            function(model, ids, positions)
+        for i in range(n):
+            for label, function in pairs if i % 2 == 0 else pairs[::-1]:
+                start = time.perf_counter()
+                function(model, ids, positions)
+                times[label].append(time.perf_counter() - start)
+    return times
+
+
 class _ModelBuildConfig:
     """vLLM's config with a model config that holds just the hf_config and dtype (no checkpoint)."""
 
@@ -196,6 +237,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
+        all_reduces = _count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
         results = []
@@ -207,14 +249,21 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                     if label == "patched" and not args.hotfix:
                         continue
                     try:
+                        before = all_reduces[0]
                         out = function(model, ids, positions)
+                        reduced = all_reduces[0] - before
                     except Exception as error:  # stock fails for some ids: that is the bug
                         entry[label] = {"error": f"{type(error).__name__}: {error}"}
                         continue
                     hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
                     entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
                     entry[label]["returned_aux"] = aux is not None
+                    entry[label]["all_reduces"] = reduced
                 results.append(entry)
+        timings = {}
+        for variant in _parse_variants(args.bench_variants) if args.bench else ():
+            model.aux_hidden_state_layers = variant
+            timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench)
         graphs = {}
         if args.graph_variants:
             from model_states import fx_op_counts  # this script's directory is on sys.path
@@ -246,6 +295,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             "status": status,
             "unfused_embedding": unfused_embedding,
             "graphs": graphs,
+            "timings": timings,
         },
         os.path.join(args.out, f"rank{rank}.pt"),
     )
@@ -259,6 +309,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--variants", default="1,2,3")
     parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument("--bench", type=int, default=0, help="timed calls per forward and id list")
+    parser.add_argument("--bench-variants", default=";1,2,3;1,2,3,4")
     parser.add_argument(
         "--graph-variants", default="", help="id lists whose Dynamo FX graphs are counted, stock and patched"
     )

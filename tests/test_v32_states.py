@@ -157,3 +157,18 @@ def test_the_model_output_never_moves_and_no_op_is_added_without_aux(
     with_final = dict(graphs[(1, 4)]["stock"])
     with_final["call_function:add"] = with_final.get("call_function:add", 0) + 1  # the final capture
     assert graphs[(1, 4)]["patched"] == with_final
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_one_all_reduce_per_requested_layer_at_tp2_and_none_at_tp1(
+    v32_runs, version: str, vendor: str
+) -> None:
+    """Counted at vLLM's GroupCoordinator.all_reduce (harness instrumentation)."""
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            for variant in VARIANTS:
+                stock, patched = _result(rank, variant, "stock"), _result(rank, variant, "patched")
+                added = patched["all_reduces"] - stock["all_reduces"]
+                assert added == (len(_ids(variant)) if world == 2 else 0), (world, variant)
+                if world == 1:
+                    assert patched["all_reduces"] == 0
