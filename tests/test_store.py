@@ -288,7 +288,7 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stand_in_vllm.write(tmp_path_factory.mktemp("stand-in-vllm"))
 
 
-def status(stand_in: Path, shared: Path, tmp_path: Path) -> dict:
+def status(stand_in: Path, shared: Path, tmp_path: Path, **env: str) -> dict:
     blocked = tmp_path / "no-cache-here"
     blocked.write_text("")  # a file: the user's cache directory cannot be made under it
     done = run_child(
@@ -296,6 +296,7 @@ def status(stand_in: Path, shared: Path, tmp_path: Path) -> dict:
         PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]),
         TMPDIR=str(shared),
         XDG_CACHE_HOME=str(blocked / "cache"),
+        **env,
     )
     assert done.returncode == 0, (
         f"status exit {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
@@ -323,3 +324,18 @@ def test_status_applies_the_fix_in_a_hostile_temporary_directory(
     assert_outcome(expected, fix["generated_file"], own_dir(shared), name, victim, text)
     if expected == "refused":
         assert any("no usable directory" in note for note in fix["notes"]), fix["notes"]
+
+
+def test_a_refused_cache_dir_says_why_and_where_the_source_went(
+    stand_in: Path, shared: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)  # writable by everyone, not sticky: another user could swap `generated`
+    fix = status(stand_in, shared, tmp_path, VLLM_HOTFIX_CACHE_DIR=str(cache))
+    assert fix["decision"] == "patched"
+    assert Path(fix["generated_file"]).parent == own_dir(shared)
+    (note,) = fix["notes"]
+    assert note.startswith(f"VLLM_HOTFIX_CACHE_DIR={cache} cannot hold generated sources")
+    assert "writable by group or others and not sticky" in note and str(own_dir(shared)) in note
+    assert not (cache / "generated").exists()
