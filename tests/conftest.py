@@ -83,3 +83,18 @@ def model_states(
         return cache[key]
 
     return get
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Markers must say what a test needs, so that `-m "not vllm"` and `-m "not engine"` hold:
+    `vllm` for the test environment, `engine` for runs of vLLM's engine (the model_states runs)."""
+    wrong = []
+    for item in items:
+        marks = {mark.name for mark in item.iter_markers()}
+        needs = getattr(item, "fixturenames", ())
+        if "testenv" in needs and "vllm" not in marks:
+            wrong.append(f"{item.nodeid}: uses the vLLM test environment but is not marked `vllm`")
+        if "model_states" in needs and "engine" not in marks:
+            wrong.append(f"{item.nodeid}: runs vLLM's engine but is not marked `engine`")
+    if wrong:
+        raise pytest.UsageError("test markers do not match what the tests need:\n" + "\n".join(wrong))

@@ -10,7 +10,7 @@ import threading
 import types
 from pathlib import Path
 
-from vllm_hotfix import codegen
+from vllm_hotfix import codegen, store
 
 SOURCE = "def scale(x, factor=2):\n    return x * factor + OFFSET\n"
 FIXED = "def scale(x, factor=2):\n    return x * factor + OFFSET + 1\n"
@@ -22,7 +22,7 @@ def original_function() -> types.FunctionType:
     return namespace["scale"]
 
 
-def build(directories: list[str]) -> codegen.Generated:
+def build(directories: list[store.Place]) -> codegen.Generated:
     original = original_function()
     return codegen.build_function(
         fix_id="example-fix",
@@ -36,7 +36,7 @@ def build(directories: list[str]) -> codegen.Generated:
 
 
 def test_generated_function_lives_in_a_content_named_file(tmp_path: Path) -> None:
-    generated = build([str(tmp_path)])
+    generated = build([store.Place(str(tmp_path))])
     function = generated.function
     assert type(function) is types.FunctionType and function(1) == 13  # OFFSET from the namespace
     assert function.__globals__["OFFSET"] == 10
@@ -52,7 +52,9 @@ def test_generated_function_lives_in_a_content_named_file(tmp_path: Path) -> Non
 
 def test_concurrent_writers_leave_one_identical_file(tmp_path: Path) -> None:
     results: list[codegen.Generated] = []
-    threads = [threading.Thread(target=lambda: results.append(build([str(tmp_path)]))) for _ in range(8)]
+    threads = [
+        threading.Thread(target=lambda: results.append(build([store.Place(str(tmp_path))]))) for _ in range(8)
+    ]
     [t.start() for t in threads]
     [t.join() for t in threads]
     assert len({r.filename for r in results}) == 1
@@ -62,6 +64,6 @@ def test_concurrent_writers_leave_one_identical_file(tmp_path: Path) -> None:
 def test_no_writable_directory_still_gives_a_correct_function(tmp_path: Path) -> None:
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
-    generated = build([str(blocked / "sub")])
+    generated = build([store.Place(str(blocked / "sub"))])
     assert generated.filename.startswith("<") and generated.function(1) == 13
     assert inspect.getsource(generated.function.__code__) == FIXED

@@ -23,7 +23,7 @@ import torch
 from harness.testenv import BUG, FIXED
 from tests.test_model_states import assert_same
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.engine]  # model_states runs vLLM's LLM engine
 
 
 # The order every sequence runs in on one VLLM_CACHE_ROOT: (hotfix, harness options) per step.

@@ -11,7 +11,7 @@ from harness.testenv import BUG, FIXED
 from tests.runs import EAGER_GROUP, EAGER_OPTIONS, EAGER_VARIANTS
 from tests.test_model_states import assert_same
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.engine]  # model_states runs vLLM's LLM engine
 FINAL_VARIANT = {"float32": "1,4", "bfloat16": "1,2,4"}
 
 

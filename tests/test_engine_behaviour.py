@@ -3,6 +3,10 @@ foreign replacements, switches, strict mode and the one decision line per fix.""
 
 from __future__ import annotations
 
+import os
+import textwrap
+from pathlib import Path
+
 import pytest
 
 from harness.testenv import FIXED
@@ -63,10 +67,14 @@ def test_remove_restores_the_exact_original_and_apply_repatches(testenv) -> None
         restored = vars(m.DeepseekV2Model)["forward"] is original
         vllm_hotfix.apply()
         again = vars(m.DeepseekV2Model)["forward"]
+        churn_errors = []
         def churn(seed):
-            rng = random.Random(seed)
-            for _ in range(30):
-                (vllm_hotfix.apply if rng.random() < 0.5 else vllm_hotfix.remove)()
+            try:
+                rng = random.Random(seed)
+                for _ in range(30):
+                    (vllm_hotfix.apply if rng.random() < 0.5 else vllm_hotfix.remove)()
+            except BaseException as error:  # a thread's exception would otherwise only be printed
+                churn_errors.append(repr(error))
         threads = [threading.Thread(target=churn, args=(i,)) for i in range(8)]
         [t.start() for t in threads]; [t.join() for t in threads]
         vllm_hotfix.apply()
@@ -78,10 +86,14 @@ def test_remove_restores_the_exact_original_and_apply_repatches(testenv) -> None
             again=again is not original and hasattr(again, "__vllm_hotfix__"),
             final_ok=hasattr(final, "__vllm_hotfix__") and final.__wrapped__ is original,
             final_restored=vars(m.DeepseekV2Model)["forward"] is original,
+            churn_errors=churn_errors,
         )
         """,
     )
-    assert all(facts.values()), facts
+    errors = facts.pop("churn_errors")
+    assert errors == [], f"apply()/remove() raised in a churn thread: {errors}"
+    checks = {key: value for key, value in facts.items() if key != "_log"}
+    assert len(checks) == 5 and all(value is True for value in checks.values()), checks
 
 
 def test_forward_replaced_by_another_plugin_is_left_alone(testenv) -> None:
@@ -280,3 +292,115 @@ def test_force_patches_an_unknown_shape_that_takes_the_change(testenv) -> None:
     facts = run_snippet(testenv, LOAD_ALTERED_DEEPSEEK, VLLM_HOTFIX_FORCE=DS)
     assert facts["decision"] == "patched" and facts["patched"]
     assert facts["reason"].startswith("forced by VLLM_HOTFIX_FORCE")
+
+
+def test_an_error_while_patching_is_failed_and_left_alone(testenv) -> None:
+    facts = run_snippet(
+        testenv,
+        """
+        from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
+        def transform_source(self, source):
+            raise RuntimeError("transform broke")
+        DeepseekFinalAux.transform_source = transform_source
+        import vllm_hotfix
+        from vllm.model_executor.models import deepseek_v2 as m
+        from vllm_hotfix.cli import main
+        status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}["deepseek-final-aux"]
+        emit(decision=status["decision"], reason=status["reason"], exit_code=main(["status", "--no-probe"]),
+             patched=hasattr(vars(m.DeepseekV2Model)["forward"], "__vllm_hotfix__"))
+        """,
+    )
+    assert facts["decision"] == "failed" and not facts["patched"]
+    assert facts["reason"] == "RuntimeError: transform broke"
+    assert facts["exit_code"] == 2
+    ((level, line),) = decision_lines(facts, DS)
+    assert level == "WARNING" and "decision='failed'" in line and "NOT applied" in line
+
+
+def test_strict_mode_raises_on_an_invalid_switch(testenv) -> None:
+    stderr = run_failing_snippet(
+        testenv,
+        """
+        import vllm_hotfix
+        from vllm.model_executor.models import deepseek_v2
+        """,
+        VLLM_HOTFIX_STRICT="1",
+        VLLM_HOTFIX_DISABLE="deepseek-final-axu",
+    )
+    assert "HotfixError" in stderr and "VLLM_HOTFIX_DISABLE: 'deepseek-final-axu' is not a fix id" in stderr
+
+
+REPLACE_FORWARD = {
+    # another plugin's module holding a copy of the forward: the very shape the fix knows
+    "another plugin's function": """
+        import importlib.util, inspect, pathlib, tempfile, textwrap
+        path = pathlib.Path(tempfile.mkdtemp()) / "other_plugin.py"
+        source = textwrap.dedent(inspect.getsource(vars(m.DeepseekV2Model)["forward"]))
+        path.write_text("from __future__ import annotations\\n" + source)
+        spec = importlib.util.spec_from_file_location("other_plugin", path)
+        other = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(other)
+        m.DeepseekV2Model.forward = other.forward
+        """,
+    "a proxy": """
+        import wrapt
+        wrapt.wrap_function_wrapper(m, "DeepseekV2Model.forward", lambda w, i, a, k: w(*a, **k))
+        """,
+}
+
+
+@pytest.mark.parametrize("replacement", sorted(REPLACE_FORWARD))
+def test_force_never_patches_another_plugins_function(testenv, replacement: str) -> None:
+    facts = run_snippet(
+        testenv,
+        "from vllm.model_executor.models import deepseek_v2 as m\n"
+        + textwrap.dedent(REPLACE_FORWARD[replacement])
+        + textwrap.dedent(
+            """
+            replaced = vars(m.DeepseekV2Model)["forward"]
+            import vllm_hotfix
+            status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}["deepseek-final-aux"]
+            emit(untouched=vars(m.DeepseekV2Model)["forward"] is replaced, decision=status["decision"],
+                 reason=status["reason"])
+            """
+        ),
+        VLLM_HOTFIX_FORCE=DS,
+    )
+    assert facts["untouched"] and facts["decision"] == "unknown", facts["reason"]
+    assert "forced" not in facts["reason"]
+    expected = "replaced by another plugin?" if replacement.startswith("another") else "FunctionWrapper"
+    assert expected in facts["reason"]
+
+
+GENERATED_FILE = """
+    import vllm_hotfix
+    from vllm.model_executor.models import deepseek_v2 as m
+    status = {f["fix"]: f for f in vllm_hotfix.status()["fixes"]}["deepseek-final-aux"]
+    emit(decision=status["decision"], file=status["generated_file"], notes=status["notes"],
+         code_file=vars(m.DeepseekV2Model)["forward"].__code__.co_filename)
+"""
+
+
+def test_cache_dir_switch_is_honoured(testenv, tmp_path: Path) -> None:
+    cache = tmp_path / "my-cache"
+    facts = run_snippet(testenv, GENERATED_FILE, VLLM_HOTFIX_CACHE_DIR=str(cache))
+    assert facts["decision"] == "patched" and facts["notes"] == []
+    generated = Path(facts["file"])
+    assert generated.parent == cache / "generated" and facts["code_file"] == str(generated)
+    assert generated.is_file() and "vllm-hotfix" in generated.read_text()
+
+
+def test_no_usable_directory_still_patches_and_warns(testenv, tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    (temp / f"vllm-hotfix-{os.getuid()}").write_text("")  # the temporary place cannot be made
+    facts = run_snippet(
+        testenv, GENERATED_FILE, VLLM_HOTFIX_CACHE_DIR=str(blocked / "cache"), TMPDIR=str(temp)
+    )
+    assert facts["decision"] == "patched"
+    assert facts["file"].startswith("<") and facts["code_file"] == facts["file"]
+    warnings = [line for level, line in log_lines(facts, "no usable directory") if level == "WARNING"]
+    assert len(warnings) == 1 and "VLLM_DISABLE_COMPILE_CACHE=1" in warnings[0]
+    assert str(blocked / "cache" / "generated") in warnings[0] and str(temp) in warnings[0]

@@ -13,7 +13,7 @@ import torch
 from harness.testenv import BUG, FIXED
 from tests.runs import EAGER_GROUP, EAGER_OPTIONS, EAGER_VARIANTS, WITH_FINAL, WITHOUT_FINAL
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.engine]  # model_states runs vLLM's LLM engine
 
 
 def assert_same(patched: dict, upstream: dict, label: str) -> None:

@@ -13,6 +13,7 @@ from vllm_hotfix.fixes.base import Verdict
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CALLER, CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import UPSTREAM_STATEMENT, DeepseekFinalAux
 
+VLLM = pytest.mark.vllm  # the tests that read vLLM's sources from the test environment
 DEEPSEEK = DeepseekFinalAux()
 SAMPLER = CpuSamplerFp64Gumbel()
 
@@ -45,15 +46,18 @@ def sources(testenv: TestEnv) -> dict[str, dict[str, str]]:
     return found
 
 
+@VLLM
 def test_buggy_release_is_patched(sources) -> None:
     assert DEEPSEEK.probe_source(sources["0.24.0"]["deepseek"]).verdict is Verdict.BUGGY
 
 
+@VLLM
 def test_fixed_release_is_left_alone(sources) -> None:
     probe = DEEPSEEK.probe_source(sources[FIXED]["deepseek"])
     assert probe.verdict is Verdict.FIXED_UPSTREAM, probe.reason
 
 
+@VLLM
 def test_transform_inserts_exactly_the_upstream_statement(sources) -> None:
     original = textwrap.dedent(sources["0.24.0"]["deepseek"])
     fixed = DEEPSEEK.transform_source(original)
@@ -67,6 +71,7 @@ def test_transform_inserts_exactly_the_upstream_statement(sources) -> None:
     assert "is_last_rank" in "\n".join(lines[:at])
 
 
+@VLLM
 def test_no_aux_capture_is_not_affected(sources) -> None:
     """The shape before 0.18.0: no aux capture at all."""
     source = sources["0.24.0"]["deepseek"]
@@ -84,6 +89,7 @@ def test_no_aux_capture_is_not_affected(sources) -> None:
     assert probe.verdict is Verdict.NOT_AFFECTED, probe.reason
 
 
+@VLLM
 @pytest.mark.parametrize(
     ("old", "new", "missing"),
     [
@@ -113,6 +119,7 @@ def test_unparsable_source_is_unknown() -> None:
     assert DEEPSEEK.probe_source("x = 1\n").verdict is Verdict.UNKNOWN
 
 
+@VLLM
 def test_sampler_probe(sources) -> None:
     buggy = SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: sources["0.24.0"]["caller"]})
     assert buggy.verdict is Verdict.BUGGY, buggy.reason
@@ -124,6 +131,7 @@ def test_sampler_probe(sources) -> None:
     assert SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: None}).verdict is Verdict.UNKNOWN
 
 
+@VLLM
 def test_sampler_transform_matches_upstream_signature(sources) -> None:
     fixed = SAMPLER.transform_source(sources["0.24.0"]["sampler"])
     upstream = ast.parse(sources[FIXED]["sampler"]).body[0]

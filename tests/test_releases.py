@@ -1,7 +1,9 @@
 """`vllm-hotfix releases`: the remote zip reader, the classification, and today's verdicts on PyPI.
 
 The unit tests serve local zips from 127.0.0.1 (one server honours Range, one ignores it). The
-tests marked `network` read PyPI and skip, saying why, when it cannot be reached.
+tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
+VLLM_HOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail, so that CI always
+checks the README's compatibility table.
 """
 
 from __future__ import annotations
@@ -391,6 +393,24 @@ def _between(version: str, first: str, last: str | None = None) -> bool:
     return _key(first) <= _key(version) and (last is None or _key(version) <= _key(last))
 
 
+REQUIRE_NETWORK_VAR = "VLLM_HOTFIX_REQUIRE_NETWORK"
+
+
+def network_unavailable(message: str) -> None:
+    """Skip, or fail when VLLM_HOTFIX_REQUIRE_NETWORK asks for the network tests to run."""
+    if os.environ.get(REQUIRE_NETWORK_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+        pytest.fail(f"{message} ({REQUIRE_NETWORK_VAR} is set: network tests must run; set it to 0 offline)")
+    pytest.skip(message)
+
+
+@pytest.mark.parametrize(("value", "fails"), [("1", True), ("yes", True), ("0", False), ("", False)])
+def test_network_errors_fail_only_when_required(monkeypatch, value: str, fails: bool) -> None:
+    monkeypatch.setenv(REQUIRE_NETWORK_VAR, value)
+    outcome = pytest.fail.Exception if fails else pytest.skip.Exception
+    with pytest.raises(outcome, match="PyPI is down"):
+        network_unavailable("PyPI is down")
+
+
 @pytest.fixture(scope="module")
 def pypi_indexes() -> dict[str, Any]:
     indexes = {}
@@ -398,7 +418,7 @@ def pypi_indexes() -> dict[str, Any]:
         try:
             indexes[dist] = releases.fetch_index(dist, timeout=20)
         except (urllib.error.URLError, TimeoutError, OSError) as error:
-            pytest.skip(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
+            network_unavailable(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
     return indexes
 
 
@@ -407,7 +427,7 @@ def pypi_rows(pypi_indexes) -> list[releases.Row]:
     rows = releases.classify_all(index=pypi_indexes.__getitem__)
     failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
     if failed:
-        pytest.skip("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
+        network_unavailable("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
     return rows
 
 

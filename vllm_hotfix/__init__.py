@@ -4,8 +4,24 @@
 imported; then each fix probes the loaded code and patches only the known buggy shape.
 """
 
-from vllm_hotfix import _arming
-from vllm_hotfix._version import __version__
+import os as _os
+import sys as _sys
+
+__version__ = "unknown"  # replaced below, unless the install is broken
+
+try:
+    from vllm_hotfix import _arming
+    from vllm_hotfix._version import __version__
+except Exception as _error:  # a broken install must not break the host, unless strict
+    # VLLM_HOTFIX_STRICT read with nothing imported: _arming itself may be what is broken.
+    if _os.environ.get("VLLM_HOTFIX_STRICT", "").strip().lower() in ("1", "true", "yes", "on", "all"):
+        raise
+    _arming = None  # type: ignore[assignment]
+    try:
+        _message = f"{type(_error).__name__}: {_error}".replace("\n", " ")
+        _sys.stderr.write(f"vllm-hotfix: not armed: {_message}\n")
+    except Exception:
+        pass
 
 __all__ = ["__version__", "apply", "remove", "status"]
 
@@ -33,4 +49,5 @@ def status() -> dict[str, object]:
     return report.process_status()
 
 
-_arming.arm()
+if _arming is not None:
+    _arming.arm()  # raises only in strict mode

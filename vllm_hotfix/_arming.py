@@ -7,9 +7,33 @@ system asks for `vllm`, the finder arms the engine (wrapt post-import hooks on e
 module) and lets the import go on. It never changes how anything is found.
 """
 
+import os
 import sys
 
 TRIGGER = "vllm"
+STRICT_VAR = "VLLM_HOTFIX_STRICT"
+STRICT_WORDS = ("1", "true", "yes", "on", "all")  # settings.TRUE_WORDS, without importing settings
+
+
+def strict_requested() -> bool:
+    """Whether VLLM_HOTFIX_STRICT asks for errors to be raised, read with nothing imported.
+
+    Deciding whether an error may reach the host must not fail itself: settings.py, which parses
+    the switches fully, may be the very module that is broken.
+    """
+    try:
+        return os.environ.get(STRICT_VAR, "").strip().lower() in STRICT_WORDS
+    except Exception:
+        return False
+
+
+def report_error(what: str, error: BaseException) -> None:
+    """One line on stderr; never raises."""
+    try:
+        message = f"{type(error).__name__}: {error}".replace("\n", " ")
+        sys.stderr.write(f"vllm-hotfix: {what}: {message}\n")
+    except Exception:
+        pass
 
 
 class _VllmImportTrigger:
@@ -33,11 +57,9 @@ def _arm_engine() -> None:
 
         engine.arm()
     except Exception as error:  # a broken install must not break the host, unless strict
-        from vllm_hotfix import settings
-
-        if settings.read_settings(()).strict:
+        if strict_requested():
             raise
-        sys.stderr.write(f"vllm-hotfix: not armed: {type(error).__name__}: {error}\n")
+        report_error("not armed", error)
 
 
 def arm() -> None:

@@ -12,14 +12,13 @@ import __future__
 
 import hashlib
 import linecache
-import os
 import sys
-import tempfile
 import textwrap
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_hotfix import store
 from vllm_hotfix._version import __version__
 
 GENERATED_PREFIX = "vllm_hotfix_generated_"
@@ -32,7 +31,7 @@ class Generated:
 
     function: types.FunctionType
     digest: str
-    filename: str  # a real file, or a synthetic <...> name when no directory was writable
+    filename: str  # a real file, or a synthetic <...> name when no directory was usable
     module_name: str
 
 
@@ -45,34 +44,6 @@ def _future_flags(code: types.CodeType) -> int:
     return flags
 
 
-def _write_atomically(directory: str, name: str, text: str) -> str | None:
-    """Write text to directory/name unless an identical file is there; None when not writable.
-
-    Several processes may do this at once: each writes a private temporary file and renames it
-    over the target, so a reader never sees a partial file, and all writers write the same bytes.
-    """
-    path = os.path.join(directory, name)
-    try:
-        with open(path, encoding="utf-8") as existing:
-            if existing.read() == text:
-                return path
-    except OSError:
-        pass
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".py", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        return None
-    return path
-
-
 def build_function(
     *,
     fix_id: str,
@@ -81,7 +52,7 @@ def build_function(
     source: str,
     qualname_base: str,
     provenance: str,
-    directories: list[str],
+    directories: list[store.Place],
     bindings: Mapping[str, object] | None = None,
 ) -> Generated:
     """Compile `source` (one function definition) into a function whose globals are `namespace`.
@@ -109,11 +80,7 @@ def build_function(
     stem = f"{fix_id.replace('-', '_')}_{digest}"
     module_name = GENERATED_PREFIX + stem
 
-    filename = None
-    for directory in directories:
-        filename = _write_atomically(directory, stem + ".py", text)
-        if filename is not None:
-            break
+    filename = store.save(directories, stem + ".py", text)
     if filename is None:
         # Correct but uncacheable: a synthetic name is not a traced file, so compile caches
         # cannot tell revisions apart. The caller warns and says to set VLLM_DISABLE_COMPILE_CACHE=1.

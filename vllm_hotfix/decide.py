@@ -11,7 +11,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hotfix import codegen
+from vllm_hotfix import codegen, store
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
 from vllm_hotfix.fixes import Fix, Verdict
@@ -48,11 +48,13 @@ class Record:
     notes: list[str] = field(default_factory=list)
 
 
-def generated_dirs() -> list[str]:
-    """Where generated sources go: the user's cache directory, else a per-user temporary one."""
+def generated_dirs() -> list[store.Place]:
+    """Where generated sources go: the user's cache directory, else a private per-user directory
+    in the shared temporary directory (see store for the rules that make that safe)."""
+    base, parts = settings_mod.cache_root()
     return [
-        os.path.join(settings_mod.cache_dir(), "generated"),
-        os.path.join(tempfile.gettempdir(), f"vllm-hotfix-{os.getuid()}", "generated"),
+        store.Place(base, (*parts, "generated")),
+        store.Place(tempfile.gettempdir(), (f"vllm-hotfix-{os.getuid()}", "generated")),
     ]
 
 
@@ -181,9 +183,23 @@ def decide(
         installed=generated.function,
         generated_file=generated.filename,
     )
-    if generated.filename.startswith("<"):
-        record.notes.append(
-            "no writable directory for the generated source: compile caches cannot tell this fix"
-            " apart from other revisions; set VLLM_DISABLE_COMPILE_CACHE=1 or VLLM_HOTFIX_CACHE_DIR"
-        )
+    record.notes += _place_notes(generated_dirs(), generated.filename)  # the same places again
     return record
+
+
+def _place_notes(places: list[store.Place], filename: str) -> list[str]:
+    """Say why the generated source is not where it should be."""
+    if filename.startswith("<"):
+        tried = "; ".join(f"{place.path}: {store.problem(place)}" for place in places)
+        return [
+            f"no usable directory for the generated source ({tried}): compile caches cannot tell this"
+            " fix apart from other revisions; set VLLM_DISABLE_COMPILE_CACHE=1, or VLLM_HOTFIX_CACHE_DIR"
+            " to a directory of yours"
+        ]
+    explicit = os.environ.get(settings_mod.CACHE_DIR_VAR)
+    if explicit and os.path.dirname(filename) != places[0].path:
+        return [
+            f"{settings_mod.CACHE_DIR_VAR}={explicit} cannot hold generated sources"
+            f" ({store.problem(places[0])}); using {os.path.dirname(filename)}"
+        ]
+    return []

@@ -14,6 +14,7 @@ import sys
 import threading
 import types
 
+from vllm_hotfix import _arming
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.decide import FAILED, REMOVED, Record, decide
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
@@ -81,7 +82,30 @@ def _warn_if_built_already(fix: Fix, module: types.ModuleType, record: Record) -
 
 
 def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
-    """wrapt post-import hook: runs when vLLM imports the fix's module (or at once if it was)."""
+    """wrapt post-import hook: runs when vLLM imports the fix's module (or at once if it was).
+
+    It runs inside vLLM's import of that module, so nothing escapes it unless strict mode asks:
+    HotfixError is raised only in strict mode, and any other error is re-raised only when
+    VLLM_HOTFIX_STRICT is set (read by _arming's check, which cannot fail).
+    """
+    try:
+        _decide_now(fix, module, late)
+    except HotfixError:
+        raise
+    except Exception as error:
+        if _arming.strict_requested():
+            raise
+        _arming.report_error(f"fix {fix.fix_id} not decided", error)
+        reason = f"{type(error).__name__}: {error}"
+        try:
+            with _lock:
+                if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
+                    _records[fix.fix_id] = Record(fix.fix_id, FAILED, reason, None)
+        except Exception:
+            pass
+
+
+def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
     with _lock:
         if not _armed:
             return

@@ -7,8 +7,9 @@ re-entrant, and imports no vLLM model module: it arms post-import hooks and retu
 
 from __future__ import annotations
 
-from vllm_hotfix import _arming
+import vllm_hotfix
 
 
 def register() -> None:
-    _arming.arm()
+    if vllm_hotfix._arming is not None:  # None: the install is broken, and the import said so
+        vllm_hotfix._arming.arm()

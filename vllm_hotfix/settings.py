@@ -85,11 +85,18 @@ def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None
     return Settings(disable_all, frozenset(disabled), strict, tuple(problems), frozenset(forced))
 
 
-def cache_dir(environ: dict[str, str] | None = None) -> str:
-    """Where generated sources live: VLLM_HOTFIX_CACHE_DIR, else the user's cache directory."""
+def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, ...]]:
+    """The cache directory as (a base used as given, the directories this package creates in it):
+    (VLLM_HOTFIX_CACHE_DIR, ()), else (the user's cache directory, ("vllm-hotfix",))."""
     env = os.environ if environ is None else environ
     explicit = env.get(CACHE_DIR_VAR)
     if explicit:
-        return explicit
+        return explicit, ()
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "vllm-hotfix")
+    return base, ("vllm-hotfix",)
+
+
+def cache_dir(environ: dict[str, str] | None = None) -> str:
+    """Where generated sources live: VLLM_HOTFIX_CACHE_DIR, else the user's cache directory."""
+    base, parts = cache_root(environ)
+    return os.path.join(base, *parts)
