@@ -15,6 +15,7 @@ import io
 import json
 import re
 import textwrap
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -204,6 +205,10 @@ def list_releases(dist: str, index: Mapping[str, Any], first: str = FIRST_RELEAS
 # -- the classification of every release --------------------------------------------------------------
 
 
+# CPython 3.11's ast module is not thread-safe ("SystemError: AST constructor recursion depth
+# mismatch" when threads parse at once, seen here): wheels are read in parallel, probed one at a time.
+_AST_LOCK = threading.Lock()
+
 _NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
 
 
@@ -246,7 +251,8 @@ def classify_release(
             Outcome(fix.fix_id, Verdict.UNKNOWN.value, f"wheel not read: {row.error}") for fix in fixes
         ]
         return row
-    row.outcomes = [classify(fix, texts) for fix in fixes]
+    with _AST_LOCK:
+        row.outcomes = [classify(fix, texts) for fix in fixes]
     return row
 
 
