@@ -32,6 +32,11 @@ def main() -> None:
     parser.add_argument("--generate-times", type=int, default=1, help="repeat generate (benchmarks)")
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--no-speculative",
+        action="store_true",
+        help="no speculative method: plain generation (harness/oracle_site then sets the aux ids)",
+    )
     args = parser.parse_args()
     for key, value in {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}.items():
         os.environ.setdefault(key, value)
@@ -39,6 +44,12 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     ids = [int(x) for x in args.ids.split(",")]
+    speculative = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+    }
+    more = {"speculative_config": speculative} if not args.no_speculative else {}
     try:
         llm = LLM(
             model=args.checkpoint,
@@ -50,11 +61,7 @@ def main() -> None:
             seed=0,
             pipeline_parallel_size=args.pipeline_parallel_size,
             tensor_parallel_size=args.tensor_parallel_size,
-            speculative_config={
-                "method": "extract_hidden_states",
-                "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
-            },
+            **more,
         )
         seconds = []
         for _ in range(args.generate_times):
