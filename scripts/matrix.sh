@@ -7,6 +7,6 @@
 # nice (NICE=10). Arguments go to harness/matrix.py, e.g. --releases 0.18.0,0.24.0 --modes eager.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ENV_DIR=$(bash scripts/build-test-env.sh | tail -n 1)
+ENV_DIR=$(bash scripts/build-test-env.sh --all | tail -n 1)
 export VLLM_HOTFIX_TEST_ENV="$ENV_DIR"
 exec nice -n "${NICE:-10}" "$ENV_DIR/venv/bin/python" -m harness.matrix "$@"
