@@ -35,6 +35,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
@@ -193,7 +194,7 @@ def _count_all_reduces() -> list[int]:
 
 
 def _interleaved_times(
-    model: object, stock: object, patched: object, ids: object, positions: object, n: int
+    model: object, stock: object, patched: object, ids: object, positions: object, n: int, step: Callable
 ) -> dict:
     """Seconds per forward call, stock and patched alternating call by call (order swapped each round)."""
     import time
@@ -204,12 +205,14 @@ def _interleaved_times(
     pairs = [("stock", stock), ("patched", patched)]
     with torch.no_grad():
         for function in (stock, patched):  # warm-up
-            function(model, ids, positions)
+            with step():
+                function(model, ids, positions)
         for i in range(n):
             for label, function in pairs if i % 2 == 0 else pairs[::-1]:
-                start = time.perf_counter()
-                function(model, ids, positions)
-                times[label].append(time.perf_counter() - start)
+                with step():
+                    start = time.perf_counter()
+                    function(model, ids, positions)
+                    times[label].append(time.perf_counter() - start)
     return times
 
 
@@ -291,42 +294,48 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         all_reduces = _count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
-        # every forward inside a forward context, as vLLM runs the model (the MoE layers read it)
-        with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
-            results = []
-            with torch.no_grad():
-                for variant in _parse_variants(args.variants):
-                    model.aux_hidden_state_layers = variant
-                    entry = {"ids": variant}
-                    for label, function in (("stock", stock), ("patched", forward)):
-                        if label == "patched" and not args.hotfix:
-                            continue
-                        try:
-                            before = all_reduces[0]
-                            out = function(model, ids, positions)
-                            reduced = all_reduces[0] - before
-                        except Exception as error:  # stock fails for some ids: that is the bug
-                            entry[label] = {"error": f"{type(error).__name__}: {error}"}
-                            continue
-                        hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
-                        entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
-                        entry[label]["returned_aux"] = aux is not None
-                        entry[label]["all_reduces"] = reduced
-                    results.append(entry)
-            timings = {}
-            for variant in _parse_variants(args.bench_variants) if args.bench else ():
-                model.aux_hidden_state_layers = variant
-                timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench)
-            graphs = {}
-            if args.graph_variants:
-                from model_states import fx_op_counts  # this script's directory is on sys.path
 
-                for variant in _parse_variants(args.graph_variants):
-                    model.aux_hidden_state_layers = variant
-                    graphs[variant] = {
-                        label: fx_op_counts(functools.partial(function, model), (ids, positions))
-                        for label, function in (("stock", stock), ("patched", forward))
-                    }
+        def step() -> object:
+            """A fresh forward context per call, as vLLM makes one per step (the MoE layers and the
+            sequence-parallel path read and write it)."""
+            return set_forward_context(None, vllm_config, num_tokens=len(PROMPT))
+
+        results = []
+        with torch.no_grad():
+            for variant in _parse_variants(args.variants):
+                model.aux_hidden_state_layers = variant
+                entry = {"ids": variant}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    if label == "patched" and not args.hotfix:
+                        continue
+                    try:
+                        before = all_reduces[0]
+                        with step():
+                            out = function(model, ids, positions)
+                        reduced = all_reduces[0] - before
+                    except Exception as error:  # stock fails for some ids: that is the bug
+                        entry[label] = {"error": f"{type(error).__name__}: {error}"}
+                        continue
+                    hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
+                    entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
+                    entry[label]["returned_aux"] = aux is not None
+                    entry[label]["all_reduces"] = reduced
+                results.append(entry)
+        timings = {}
+        for variant in _parse_variants(args.bench_variants) if args.bench else ():
+            model.aux_hidden_state_layers = variant
+            timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench, step)
+        graphs = {}
+        if args.graph_variants:
+            from model_states import fx_op_counts  # this script's directory is on sys.path
+
+            for variant in _parse_variants(args.graph_variants):
+                model.aux_hidden_state_layers = variant
+                graphs[variant] = {}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    with step():
+                        counts = fx_op_counts(functools.partial(function, model), (ids, positions))
+                    graphs[variant][label] = counts
 
     status = None
     if args.hotfix:
