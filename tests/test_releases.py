@@ -24,16 +24,17 @@ from typing import Any, ClassVar
 import pytest
 
 from vllm_hotfix import compat_table, releases, wheel_members
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES, DeepseekV32FinalAux
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_AFFECTED = Verdict.NOT_AFFECTED.value
-PATCHED = Verdict.BUGGY.value
-FIXED = Verdict.FIXED_UPSTREAM.value
-UNKNOWN = Verdict.UNKNOWN.value
+NOT_AFFECTED = Decision.NOT_AFFECTED
+PATCHED = Decision.PATCHED
+FIXED = Decision.FIXED_UPSTREAM
+UNKNOWN = Decision.UNKNOWN
 
 
 # -- a local file server, with and without Range ---------------------------------------------------
@@ -221,10 +222,10 @@ def test_classify_as_the_engine_would() -> None:
     buggy = {MEMBER: BUGGY_V2}
     deepseek, sampler = DeepseekFinalAux(), CpuSamplerFp64Gumbel()
     assert releases.classify(deepseek, buggy).verdict == PATCHED
-    assert releases.classify(deepseek, {}).verdict == deepseek.absent.value  # no module: fix.absent
-    assert releases.classify(sampler, {}).verdict == sampler.absent.value == NOT_AFFECTED
+    assert releases.classify(deepseek, {}).verdict is deepseek.absent  # no module: fix.absent
+    assert releases.classify(sampler, {}).verdict is sampler.absent is NOT_AFFECTED
     without_class = {MEMBER: "X = 1\n"}
-    assert releases.classify(deepseek, without_class).verdict == deepseek.absent.value
+    assert releases.classify(deepseek, without_class).verdict is deepseek.absent
     broken = {MEMBER: "def (:\n"}
     assert releases.classify(deepseek, broken).verdict == UNKNOWN
 
@@ -277,15 +278,15 @@ V32_SP_CAPTURE = """
 
 @pytest.mark.parametrize("probe", DEEPSEEK_V32_FIXES, ids=lambda fix: fix.fix_id)
 def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
-    assert probe.probe_source(V32_FORWARD).verdict is Verdict.BUGGY
+    assert probe.probe_source(V32_FORWARD).verdict is Decision.PATCHED
     capture = "        if idx in self.aux_hidden_state_layers:\n" + (
         "            aux_hidden_states.append(hidden_states + residual)\n"
     )
     sp_variant = V32_FORWARD.replace(capture, V32_SP_CAPTURE.lstrip("\n"))
     assert sp_variant != V32_FORWARD
-    assert probe.probe_source(sp_variant).verdict is Verdict.BUGGY
+    assert probe.probe_source(sp_variant).verdict is Decision.PATCHED
     for buggy in (V32_FORWARD, sp_variant):
-        assert probe.probe_source(probe.transform_source(buggy)).verdict is Verdict.FIXED_UPSTREAM
+        assert probe.probe_source(probe.transform_source(buggy)).verdict is Decision.FIXED_UPSTREAM
     # capturing the final layer while the in-loop sums stay per-rank partials is not a fix it knows
     final_only = V32_FORWARD.replace(
         "    hidden_states, _ = fused_allreduce",
@@ -294,14 +295,14 @@ def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
         "    hidden_states, _ = fused_allreduce",
     )
     verdict = probe.probe_source(final_only)
-    assert verdict.verdict is Verdict.UNKNOWN and "un-reduced" in verdict.reason
+    assert verdict.verdict is Decision.UNKNOWN and "un-reduced" in verdict.reason
     unfused = V32_FORWARD.replace(
         "fused_allreduce_rms_norm(hidden_states, residual, self.norm)", "self.norm(x)"
     )
     verdict = probe.probe_source(unfused)
-    assert verdict.verdict is Verdict.UNKNOWN and "fused_allreduce_rms_norm" in verdict.reason
+    assert verdict.verdict is Decision.UNKNOWN and "fused_allreduce_rms_norm" in verdict.reason
     no_aux = "def forward(self, x):\n    return self.norm(x)\n"
-    assert probe.probe_source(no_aux).verdict is Verdict.NOT_AFFECTED
+    assert probe.probe_source(no_aux).verdict is Decision.NOT_AFFECTED
 
 
 def test_v32_fixes_are_registered_for_both_vendor_files() -> None:
@@ -439,9 +440,8 @@ def _mismatches(rows: list[releases.Row], fix_id: str, expect: Any) -> list[str]
         wanted = expect(row.version)
         outcome = next(o for o in row.outcomes if o.fix_id == fix_id)
         if wanted is not None and outcome.verdict != wanted:
-            found.append(
-                f"{row.dist} {row.version}: {outcome.verdict!r}, expected {wanted!r} ({outcome.reason})"
-            )
+            said, expected = outcome.verdict.value, wanted.value
+            found.append(f"{row.dist} {row.version}: {said!r}, expected {expected!r} ({outcome.reason})")
     return found
 
 
@@ -454,7 +454,7 @@ def test_no_release_is_unknown(pypi_rows) -> None:
     )
 
 
-def expected_verdict(fix: Fix, version: str) -> str | None:
+def expected_verdict(fix: Fix, version: str) -> Decision | None:
     """What a fix's declared facts say its probe must conclude about a release (None: not said).
 
     Before the first affected release: not affected; inside the affected range: patched; from the
@@ -496,14 +496,14 @@ def test_every_published_buggy_source_transforms_into_one_its_probe_calls_fixed(
             module = releases.module_text(fix.module, texts)
             function = module and releases.function_source(module, fix.owner, fix.attribute)
             related = {name: releases.module_text(name, texts) for name in fix.related}
-            if function and fix.probe_source(function, related).verdict is Verdict.BUGGY:
+            if function and fix.probe_source(function, related).verdict is Decision.PATCHED:
                 sources.setdefault(function, (f"{dist} {release.version}", related))
     assert sources, f"no published release has {fix.fix_id}'s buggy shape"
     for function, (where, related) in sources.items():
         fixed = fix.transform_source(function)
         compile(fixed, where, "exec")
         check = fix.probe_source(fixed, related)
-        assert check.verdict is Verdict.FIXED_UPSTREAM, f"{where}: {check.reason}"
+        assert check.verdict is Decision.FIXED_UPSTREAM, f"{where}: {check.reason}"
 
 
 @pytest.mark.network

