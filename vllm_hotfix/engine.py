@@ -1,7 +1,8 @@
-"""Decide, per fix and per process, whether to patch; patch, remember, report and undo.
+"""Arm the fixes, and per fix and per process: have it decided (decide.py), patched or unpatched
+(patching.py), and record and log what happened.
 
-Everything a fix needs is decided here at patch time, once per process: the installed function
-then runs with no checks, logging or other Python side effects (it is traced by torch.compile).
+Everything a fix needs is decided at patch time, once per process: the installed function then
+runs with no checks, logging or other Python side effects (it is traced by torch.compile).
 No exception leaves this module into vLLM's import or start-up unless strict mode asks for it.
 """
 
@@ -14,7 +15,7 @@ import sys
 import threading
 import types
 
-from vllm_hotfix import _arming
+from vllm_hotfix import _arming, patching
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.decide import Record, decide
 from vllm_hotfix.decisions import Decision
@@ -114,6 +115,12 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
         found = _settings()  # raises HotfixError in strict mode when a switch is invalid
         try:
             record = decide(fix, module, found, previous)
+            if record is not previous and record.fixed_source is not None:
+                patched = patching.patch(
+                    fix, module, record.original, record.fixed_source, record.vllm_version
+                )
+                record.installed, record.generated_file = patched.function, patched.generated_file
+                record.notes += patched.notes
         except Exception as error:  # never break the host
             record = Record(
                 fix.fix_id,
@@ -160,9 +167,7 @@ def remove() -> None:
             record = _records.get(fix.fix_id)
             if record is None or record.installed is None:
                 continue
-            module = sys.modules.get(fix.module)
-            current = fix.current(module) if module is not None else None
-            if current is not record.installed:
+            if not patching.unpatch(fix, record.installed, record.original):
                 note = (
                     f"{fix.target} is no longer the function vllm-hotfix installed (replaced by"
                     " something else since): left untouched"
@@ -170,7 +175,6 @@ def remove() -> None:
                 record.notes.append(note)
                 logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
                 continue
-            fix.install(module, record.original, record.installed)
             _records[fix.fix_id] = Record(
                 fix.fix_id,
                 Decision.REMOVED,

@@ -57,7 +57,7 @@ class Fix(ABC):
     def transform_source(self, source: str) -> str:
         """Return the fixed function's source, dedented. Only called on a PATCHED verdict."""
 
-    # -- where the function lives; fixes with extra references override install() ----------
+    # -- where the function lives; fixes with extra references override put() --------------
     def holder(self, module: ModuleType) -> Any:
         return module if self.owner is None else getattr(module, self.owner)
 
@@ -68,8 +68,9 @@ class Fix(ABC):
             return holder.__dict__.get(self.attribute)
         return vars(holder).get(self.attribute)
 
-    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
-        """Put `function` where `replaces` is now."""
+    def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
+        """Put `function` where `replacing` is now: the fixed function in place of the original
+        (patching.patch), and the original back in place of the fixed one (patching.unpatch)."""
         setattr(self.holder(module), self.attribute, function)
 
     def bindings(self, module: ModuleType) -> dict[str, Any]:

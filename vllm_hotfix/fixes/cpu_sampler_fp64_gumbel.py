@@ -89,8 +89,9 @@ class CpuSamplerFp64Gumbel(Fix):
             lines[lineno - 1] = line[:start] + new + line[stop:]
         return "".join(lines)
 
-    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
-        super().install(module, function, replaces)
+    def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
+        """Also repoint the wrapper vLLM calls (its `.func`), both ways, when it held `replacing`."""
+        super().put(module, function, replacing)
         wrapper = getattr(module, self.wrapper, None)
-        if getattr(wrapper, "func", None) is replaces:
+        if getattr(wrapper, "func", None) is replacing:
             wrapper.func = function
