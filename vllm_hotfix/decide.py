@@ -34,6 +34,11 @@ class Record:
     notes: list[str] = field(default_factory=list)
 
 
+def related_sources(fix: Fix) -> dict[str, str | None]:
+    """The source text of each module in `fix.related`, as the probe gets it (None if absent)."""
+    return {name: _module_source(name) for name in fix.related}
+
+
 def _module_source(name: str) -> str | None:
     """A related module's source text, read from its file without executing it."""
     try:
@@ -113,7 +118,7 @@ def decide(
     except (OSError, TypeError) as error:
         return unknown(f"source of {fix.target} not available: {error}")
 
-    related = {name: _module_source(name) for name in fix.related}
+    related = related_sources(fix)
     probe = fix.probe_source(source, related)
     note = _version_note(fix, probe.verdict, version)
     reason = f"{probe.reason}; {note}"
