@@ -14,7 +14,9 @@ name before us: a FIFO (an open() that blocks forever), a symbolic link (to anot
   the expected size, then opened with O_NOFOLLOW | O_NONBLOCK and checked again with fstat, and
   never more than the expected size + 1 bytes are read; the comparison is of bytes, so nothing is
   decoded. Anything else at the name is replaced: a new file is written under a private temporary
-  name and renamed over it (which never writes through what was there), then read back.
+  name and renamed over it (which never writes through what was there), then read back. A file
+  reused as it is gets its modification time set to now (never through a link), so its age says
+  when a process last used it (`vllm-hotfix clean` removes files by that age).
 - Any error, of any kind, makes that place unusable; the caller tries the next one.
 """
 
@@ -81,6 +83,7 @@ def _save_in(place: Place, name: str, data: bytes) -> None:
     directory = _open_place(place)
     try:
         if _holds(directory, name, data):
+            _touch(directory, name)
             return
         _replace(directory, name, data)
         if not _holds(directory, name, data):
@@ -145,6 +148,15 @@ def _holds(directory: int, name: str, data: bytes) -> bool:
         return _read_at_most(fd, len(data) + 1) == data
     finally:
         os.close(fd)
+
+
+def _touch(directory: int, name: str) -> None:
+    """Set `name`'s modification time to now, on the name itself (a link is never followed).
+
+    Only bookkeeping for `vllm-hotfix clean`: a failure (a read-only file system) changes nothing.
+    """
+    with contextlib.suppress(OSError, NotImplementedError):
+        os.utime(name, dir_fd=directory, follow_symlinks=False)
 
 
 def _regular_and_ours(found: os.stat_result) -> bool:
