@@ -1,4 +1,5 @@
-"""`vllm-hotfix` / `python -m vllm_hotfix`: status, and the site hook's install and removal."""
+"""`vllm-hotfix` / `python -m vllm_hotfix`: status, the site hook's install and removal, the cleaning
+of generated sources, and the classification of every published release."""
 
 from __future__ import annotations
 
@@ -51,6 +52,37 @@ def _uninstall(args: argparse.Namespace) -> int:
     path = site_hook.uninstall(args.site_dir)
     print(f"removed {path}" if path else "the vllm-hotfix site hook was not installed")
     return 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from vllm_hotfix import clean
+
+    done = clean.clean(None if args.all else args.days, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for path in done.removed:
+        print(f"{verb} {path}")
+    for line in done.skipped:
+        print(
+            f"vllm-hotfix clean: not checked (not the package's own, or unreadable): {line}", file=sys.stderr
+        )
+    for line in done.failed:
+        print(f"vllm-hotfix clean: could not remove from {line}", file=sys.stderr)
+    which = "whatever their age" if args.all else f"not used for {args.days:g} days"
+    print(
+        f"vllm-hotfix clean: {verb} {len(done.removed)} generated source(s) {which}"
+        f" ({done.removed_bytes / 1024:.0f} KiB); kept {len(done.kept)}"
+        + ("" if args.all else f" used within {args.days:g} days")
+        + " (or by this process)",
+        file=sys.stderr,
+    )
+    return 1 if done.skipped or done.failed else 0
+
+
+def _days(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days >= 0")
+    return value
 
 
 def _releases(args: argparse.Namespace) -> int:
@@ -114,6 +146,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     releases_cmd.add_argument("--since", default="0.10.0", help="first release to classify (default 0.10.0)")
     releases_cmd.set_defaults(run=_releases)
+
+    from vllm_hotfix.clean import DEFAULT_DAYS
+
+    clean_cmd = commands.add_parser(
+        "clean",
+        help="remove generated sources that no process has used for a while",
+        description="Removes this user's generated sources (the fixed functions' files, one per vLLM"
+        " install, fix and hotfix version) that no process has written or reused for DAYS days,"
+        " except those this process uses; only regular files named as generated sources, in the"
+        " package's own directories, never through a link. Run it with the VLLM_HOTFIX_CACHE_DIR,"
+        " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 1 when a place could not be"
+        " checked or a file could not be removed.",
+    )
+    clean_cmd.add_argument(
+        "--days",
+        type=_days,
+        default=DEFAULT_DAYS,
+        help=f"remove files not used for this many days (default {DEFAULT_DAYS:g})",
+    )
+    clean_cmd.add_argument("--all", action="store_true", help="remove them whatever their age")
+    clean_cmd.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed; remove nothing"
+    )
+    clean_cmd.set_defaults(run=_clean)
 
     for name, run, verb in (
         ("install-sitecustomize", _install, "write"),
