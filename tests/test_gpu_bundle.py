@@ -10,6 +10,7 @@ whole dry run (`bash scripts/gpu_prepare.sh --dry-run`: minutes, ~2 GB of downlo
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ def _fake_vllm_wheel(path: Path, version: str) -> Path:
     wheel = path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     members = {
         "vllm/__init__.py": b"__version__ = '%s'\n" % version.encode(),
+        "vllm/configs/N=8192,K=1536,block_shape=[128,128].json": b"{}",
         "vllm/_C_stable_libtorch.abi3.so": b"kernels",
         "vllm/_moe_C_stable_libtorch.abi3.so": b"moe kernels",
         "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2",
@@ -58,16 +60,21 @@ def test_slim_wheel_keeps_the_chosen_members_with_a_valid_record(tmp_path: Path,
     with zipfile.ZipFile(slim) as zf:
         names = set(zf.namelist())
         assert all(info.compress_type == zipfile.ZIP_STORED for info in zf.infolist())
-        record = zf.read(f"vllm-{version}.dist-info/RECORD").decode().splitlines()
-        for line in record:
-            name, digest, size = line.rsplit(",", 2)
+        record = list(csv.reader(zf.read(f"vllm-{version}.dist-info/RECORD").decode().splitlines()))
+        assert all(len(row) == 3 for row in record)
+        for name, digest, size in record:
             if name.endswith("RECORD"):
                 continue
             data = zf.read(name)
             expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
             assert digest == f"sha256={expected}" and int(size) == len(data)
-        assert {line.rsplit(",", 2)[0] for line in record} == names
-    kept = {"vllm/__init__.py", "vllm/_C_stable_libtorch.abi3.so", "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so"}
+        assert {row[0] for row in record} == names
+    kept = {
+        "vllm/__init__.py",
+        "vllm/configs/N=8192,K=1536,block_shape=[128,128].json",
+        "vllm/_C_stable_libtorch.abi3.so",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+    }
     assert kept <= names
     assert not names & {
         "vllm/_moe_C_stable_libtorch.abi3.so",
