@@ -427,7 +427,8 @@ def install(wheels: Path, root: Path, base_python: str, lock: Path = LOCK) -> No
 
 
 # The `run` calls of docs/gpu-runbook.md, from the manifest: one part per call, the last part's call
-# also assembles, installs and runs the DeepseekV2Model check, then one call for the V3.2 check.
+# also brings the tools, assembles, installs and runs the DeepseekV2Model check, then one call for
+# the V3.2 check.
 STAGE_COMMAND = "python3 -m harness.gpu_bundle stage"
 V2_TIMEOUT_S, V32_TIMEOUT_S, PART_TIMEOUT_S = 500, 300, 90
 _CHECK = "set -o pipefail && GPU_CHECK_LOGS=$OUT bash benchmarks/gpu_check.sh {0} 2>&1 | tee $OUT/{0}.txt"
@@ -440,7 +441,7 @@ def run_calls(manifest: dict) -> list[dict]:
     tools = sorted({str(Path(t["name"]).parent) for t in manifest["tools"]})
     for index, part in enumerate(parts):
         carry = [f"gpu-bundle/{part}", "gpu-bundle/manifest.json"]
-        if index == 0:
+        if index == len(parts) - 1:  # the smallest part: a full part plus the tools would near 64 MiB
             carry += [f"gpu-bundle/{t}" for t in tools]
         command = STAGE_COMMAND
         timeout = PART_TIMEOUT_S

@@ -115,7 +115,7 @@ def test_parts_stage_and_assemble_to_the_same_bytes(tmp_path: Path) -> None:
         incoming = tmp_path / f"incoming-{part['name']}"
         (incoming / "tools").mkdir(parents=True)
         shutil.copy2(out / part["name"], incoming / part["name"])
-        if part is manifest["parts"][0]:
+        if part is manifest["parts"][-1]:
             shutil.copy2(out / manifest["tools"][0]["name"], incoming / manifest["tools"][0]["name"])
         gpu_bundle.stage(incoming, manifest, stage)
         assert not (incoming / part["name"]).exists()
@@ -144,7 +144,8 @@ def test_run_calls_fit_the_device_tool() -> None:
     calls = gpu_bundle.run_calls(manifest)
     assert len(calls) == 6
     assert all(len(c["command"]) <= 2000 and len(c["carry"]) <= 8 and c["timeout_s"] <= 600 for c in calls)
-    assert calls[0]["carry"] == ["gpu-bundle/part-00", "gpu-bundle/manifest.json", "gpu-bundle/tools"]
+    assert calls[0]["carry"] == ["gpu-bundle/part-00", "gpu-bundle/manifest.json"]
+    assert calls[4]["carry"] == ["gpu-bundle/part-04", "gpu-bundle/manifest.json", "gpu-bundle/tools"]
     assert [c["carry"][0] for c in calls[:5]] == [f"gpu-bundle/part-{n:02d}" for n in range(5)]
     assert "gpu_check.sh install" in calls[4]["command"] and "gpu_check.sh v2" in calls[4]["command"]
     assert calls[5] == {"carry": [], "command": calls[5]["command"], "timeout_s": gpu_bundle.V32_TIMEOUT_S}
