@@ -32,6 +32,15 @@ def main() -> None:
     parser.add_argument("--generate-times", type=int, default=1, help="repeat generate (benchmarks)")
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--kv-cache-dtype", help="e.g. fp8_ds_mla (DeepSeek V3.2 on SM90)")
+    parser.add_argument("--tokenizer-mode", help="e.g. hf")
+    parser.add_argument(
+        "--model-class-override",
+        action="append",
+        default=[],
+        metavar="ARCH=MODULE:CLASS",
+        help="vLLM's model_class_overrides (0.25+), e.g. the deepseek_v32 nvidia model",
+    )
     args = parser.parse_args()
     for key, value in {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}.items():
         os.environ.setdefault(key, value)
@@ -39,6 +48,13 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     ids = [int(x) for x in args.ids.split(",")]
+    optional = {}  # only what was asked for: older releases do not know every argument
+    if args.kv_cache_dtype:
+        optional["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.tokenizer_mode:
+        optional["tokenizer_mode"] = args.tokenizer_mode
+    if args.model_class_override:
+        optional["model_class_overrides"] = dict(o.split("=", 1) for o in args.model_class_override)
     try:
         llm = LLM(
             model=args.checkpoint,
@@ -55,6 +71,7 @@ def main() -> None:
                 "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
             },
+            **optional,
         )
         seconds = []
         for _ in range(args.generate_times):

@@ -60,8 +60,9 @@ class TestEnv:
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
         paths = list(paths)
-        if version == FIXED:
-            paths.append(str(self.root / f"vllm-{FIXED}"))
+        overlay = self.root / f"vllm-{version}"
+        if version == FIXED or (version not in (BUG, NEWEST) and overlay.is_dir()):
+            paths.append(str(overlay))  # another release, installed with --target beside the venv
         elif version not in (BUG, NEWEST):
             raise ValueError(f"no vLLM {version} in the test environment")
         if hotfix:
