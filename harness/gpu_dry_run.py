@@ -241,8 +241,9 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
     return report
 
 
-# The checks' own Python, run with the installed venv and vllm 0.26.0: they import; the V3.2
-# checkpoint builds; transformers and vLLM's own config loader read it as vLLM would on the GPU.
+# The checks' own Python, run with the installed venv and vllm 0.26.0: they import; the hotfix's wheel
+# builds and installs with that Python (the plugin way: setuptools from the lock, pip from the base
+# Python); the V3.2 checkpoint builds; transformers and vLLM's own config loader read it.
 _CHECKS_PROBE = r"""
 import json, sys, tempfile
 import benchmarks.gpu_check, benchmarks.gpu_check_v32
@@ -256,7 +257,12 @@ from safetensors import safe_open
 import json as j, os
 index = j.load(open(os.path.join(out, "model.safetensors.index.json")))
 names = sorted(index["weight_map"])
+from harness.wheel import hotfix_wheel, pip_install_wheel  # the plugin way, as harness/ways_in.py does
+plugin = tempfile.mkdtemp(prefix="plugin-")
+pip_install_wheel(sys.executable, __import__("pathlib").Path(plugin))
 result = {
+    "hotfix_wheel": hotfix_wheel().name,
+    "plugin_entry_points": sorted(os.listdir(plugin)),
     "transformers": {k: getattr(config, k, None) for k in V32_FIELDS},
     "vllm": {k: getattr(seen, k, None) for k in V32_FIELDS},
     "vllm_architectures": getattr(seen, "architectures", None),
@@ -351,6 +357,8 @@ def main() -> None:
             f"{checks['vllm_architectures']}, "
             f"model_type {checks['vllm_model_type']}, {checks['vllm']}; {checks['tensors']} tensors"
         )
+        if not any(n.endswith(".dist-info") for n in checks["plugin_entry_points"]):
+            problems.append(f"the hotfix's wheel did not install with the install's pip: {checks}")
         if checks["vllm"] != checks["transformers"] or checks["vllm_architectures"] != [
             "DeepseekV32ForCausalLM"
         ]:
