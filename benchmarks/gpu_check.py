@@ -1,68 +1,222 @@
-"""GPU check: the real vllm 0.24.0 CUDA build, MLA on, vLLM's default compilation and CUDA graphs,
-extract_hidden_states with the final layer: without the deepseek fix, with the hotfix (plugin),
-the hotfix again on warm compile caches, and vllm 0.25.0 as the reference. The 0.24.0 runs share
-one VLLM_CACHE_ROOT, so the patched runs meet the unpatched run's artifacts (vLLM's ahead-of-time
-and JIT caches) and must not load them. Run by benchmarks/gpu_check.sh; prints lines to read."""
+"""GPU check of `deepseek-final-aux` (DeepseekV2Model, vLLM 0.24.0) on one GPU: the real vllm 0.24.0 CUDA
+build, MLA on, vLLM's default compilation and CUDA graphs, extract_hidden_states with the final layer.
+
+Runs, each a fresh engine: 0.24.0 without the fix (the bug), 0.24.0 with the hotfix as a plugin, the
+same again on the warm compile caches (the three 0.24.0 runs share one VLLM_CACHE_ROOT, so the patched
+runs meet the unpatched run's artifacts and must not load them), and vllm 0.25.0 (upstream's fix).
+
+Oracles, each per proposer call (prefill and decode steps):
+- in-process, independent of the fix: the final state equals `hidden_states + residual` at the input
+  of the model's final norm, taken in the same process and step by a forward pre-hook on that norm
+  (harness/capture_site, VLLM_HOTFIX_ORACLE=1);
+- every other state equals stock's (the unpatched run's first call, recorded before it crashes);
+- every state, and the norm's output, equal vllm 0.25.0's.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+"""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.testenv import BUG, FIXED, TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
-from harness.ways_in import Ways
+IDS = "1,2,4"  # 4 = num_hidden_layers: the final layer
+GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": "", "VLLM_HOTFIX_ORACLE": "1"}
+BUG_LABEL, PATCHED, WARM, UPSTREAM = (
+    "0.24.0, deepseek fix off",
+    "0.24.0 + hotfix (plugin)",
+    "0.24.0 + hotfix, warm",
+    "0.25.0",
+)
 
-IDS = "1,2,4"
-GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": ""}
+
+class Report:
+    """One line per check; remembers whether any failed."""
+
+    def __init__(self) -> None:
+        self.failed = 0
+
+    def check(self, ok: bool, what: str, detail: str = "") -> bool:
+        self.failed += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {what}" + (f": {detail}" if detail else ""), flush=True)
+        return ok
+
+
+def _diff(a: Any, b: Any) -> str:
+    import torch
+
+    if a.shape != b.shape:
+        return f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"
+    return (
+        "bitwise equal"
+        if torch.equal(a, b)
+        else f"max abs diff {(a.float() - b.float()).abs().max().item():.3g}"
+    )
+
+
+def compare_states(report: Report, label: str, run: dict, stock: dict | None, upstream: dict | None) -> None:
+    """The oracles above for one patched run (pure: tests feed it recorded runs)."""
+    import torch
+
+    layers = IDS.split(",")
+    calls = run["calls"] or []
+    if not report.check(bool(calls), f"{label}: the proposer was called", f"{len(calls)} calls"):
+        return
+    report.check(all(c.get("patched") for c in calls), f"{label}: the engine core ran the patched forward")
+    report.check(
+        all(len(c["received"]) == len(layers) for c in calls),
+        f"{label}: {len(layers)} states per call (ids [{IDS}])",
+        ", ".join(str(len(c["received"])) for c in calls),
+    )
+    oracle = [c for c in calls if "oracle_pre_norm_sum" in c]
+    if report.check(len(oracle) == len(calls), f"{label}: the in-process oracle recorded every call"):
+        bad = [
+            f"call {n}: {_diff(c['received'][-1], c['oracle_pre_norm_sum'])}"
+            for n, c in enumerate(calls)
+            if len(c["received"]) == len(layers)
+            and not torch.equal(c["received"][-1], c["oracle_pre_norm_sum"])
+        ]
+        report.check(
+            not bad,
+            f"{label}: final state (id {layers[-1]}) == hidden_states + residual at the final norm's input, "
+            f"every call (pre-hook, same process)",
+            "; ".join(bad) or f"{len(calls)} calls bitwise equal",
+        )
+    if stock is not None and stock["calls"]:
+        mine, theirs = calls[0]["received"], stock["calls"][0]["received"]
+        inner = len(layers) - 1
+        ok = len(theirs) >= inner and all(
+            torch.equal(a, b) for a, b in zip(mine[:inner], theirs[:inner], strict=False)
+        )
+        report.check(
+            ok,
+            f"{label}: in-loop states (ids [{','.join(layers[:-1])}]) == stock 0.24.0's, first call",
+            "; ".join(
+                f"id {i}: {_diff(a, b)}"
+                for i, a, b in zip(layers, mine[:inner], theirs[:inner], strict=False)
+            ),
+        )
+    if upstream is not None and upstream["calls"]:
+        theirs_calls = upstream["calls"]
+        same_count = len(theirs_calls) == len(calls)
+        report.check(
+            same_count, f"{label}: as many proposer calls as 0.25.0", f"{len(calls)} vs {len(theirs_calls)}"
+        )
+        worst = []
+        for n, (a, b) in enumerate(zip(calls, theirs_calls, strict=False)):
+            for layer, x, y in zip(layers, a["received"], b["received"], strict=False):
+                if x.shape != y.shape or not torch.equal(x, y):
+                    worst.append(f"call {n} id {layer}: {_diff(x, y)}")
+        report.check(
+            not worst,
+            f"{label}: every state == vllm 0.25.0's, every call",
+            "; ".join(worst[:6]) or "bitwise equal",
+        )
+        outputs = [
+            _diff(a["oracle_norm_output"], b["oracle_norm_output"])
+            for a, b in zip(calls, theirs_calls, strict=False)
+            if "oracle_norm_output" in a and "oracle_norm_output" in b
+        ]
+        report.check(
+            bool(outputs) and all(o == "bitwise equal" for o in outputs),
+            f"{label}: the model's output (final norm) == vllm 0.25.0's, every call",
+            ", ".join(outputs),
+        )
+        tokens = (run["result"].get("tokens"), upstream["result"].get("tokens"))
+        report.check(
+            tokens[0] == tokens[1],
+            f"{label}: generated tokens == vllm 0.25.0's",
+            f"{tokens[0]} vs {tokens[1]}",
+        )
+
+
+def compare(runs: dict[str, dict]) -> Report:
+    """Every check of the GPU run from the recorded runs (pure: tests feed it recorded runs)."""
+    import torch
+
+    report = Report()
+    stock = runs[BUG_LABEL]
+    cause = stock["root_cause"] or stock["result"].get("error", "")
+    first = stock["calls"][0]["received"] if stock["calls"] else []
+    report.check(
+        not stock["result"]["ok"] and len(first) == len(IDS.split(",")) - 1,
+        f"{BUG_LABEL}: the bug (one state too few, then the engine fails)",
+        f"{len(first)} states; {cause.splitlines()[0][:150] if cause else 'no error'}",
+    )
+    upstream = runs[UPSTREAM]
+    up_calls = upstream["calls"] or []
+    if report.check(bool(up_calls) and upstream["result"]["ok"], f"{UPSTREAM}: generated, proposer called"):
+        report.check(
+            all(
+                torch.equal(c["received"][-1], c["oracle_pre_norm_sum"])
+                for c in up_calls
+                if "oracle_pre_norm_sum" in c
+            )
+            and all("oracle_pre_norm_sum" in c for c in up_calls),
+            f"{UPSTREAM}: upstream's final state == the pre-hook oracle (the oracle agrees with upstream)",
+        )
+    for label in (PATCHED, WARM):
+        run = runs[label]
+        report.check(run["result"]["ok"], f"{label}: generated", run["result"].get("error", "")[:150])
+        compare_states(report, label, run, stock, upstream)
+    return report
+
+
+def _compile_lines(log: str) -> str:
+    """What vLLM said about its compile caches and CUDA graphs (to read, not a check)."""
+    keys = (
+        "compiled graph",
+        "Directly load",
+        "torch.compile takes",
+        "Capturing CUDA graph",
+        "Graph capturing",
+    )
+    lines = [line.strip() for line in log.splitlines() if any(k in line for k in keys)]
+    return "\n".join("    " + re.sub(r"^.*?\] ", "", line)[:160] for line in lines[:8])
 
 
 def main() -> int:
+    import torch
+
+    from harness.testenv import BUG, FIXED, TestEnv
+    from harness.tiny_checkpoint import build as build_checkpoint
+    from harness.ways_in import Ways
+
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-"))
+    logs = Path(os.environ.get("GPU_CHECK_LOGS") or work)  # the runbook sets it to the run's $OUT
     build_checkpoint(str(work / "tiny"), gpu_mla=True)
-    print(f"GPU: {torch.cuda.get_device_name(0)}; ids [{IDS}], bfloat16, default compilation + CUDA graphs")
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)}; DeepseekV2Model, ids [{IDS}], bfloat16, "
+        "default compilation + CUDA graphs"
+    )
     ways = Ways(testenv, work / "tiny", work)
     runs = {}
     shared = {"VLLM_CACHE_ROOT": str(work / "shared-vllm-cache")}
     for label, way, version, env in (
-        ("0.24.0, deepseek fix off", "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}),
-        ("0.24.0 + hotfix (plugin)", "plugin", BUG, shared),
-        ("0.24.0 + hotfix, warm", "plugin", BUG, shared),
-        ("0.25.0", "stock", FIXED, {}),
+        (BUG_LABEL, "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}),
+        (PATCHED, "plugin", BUG, shared),
+        (WARM, "plugin", BUG, shared),
+        (UPSTREAM, "stock", FIXED, {}),
     ):
         start = time.monotonic()
         run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **GPU, **env)
         result = run["result"]
         cause = run["root_cause"] or result.get("error", "")
         outcome = "generated" if result["ok"] else "FAILED: " + cause.splitlines()[0][:150]
-        print(f"{label:28s} {outcome} ({time.monotonic() - start:.0f} s)")
+        print(f"{label:28s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
+        print(_compile_lines(run["log"]), flush=True)
+        (logs / f"v2-run{len(runs)}.log").write_text(run["log"])
         runs[label] = run
-    upstream = runs["0.25.0"]
-    status = 0
-    for label in ("0.24.0 + hotfix (plugin)", "0.24.0 + hotfix, warm"):
-        fixed = runs[label]
-        if not (fixed["calls"] and upstream["calls"]):
-            print(f"{label}: no proposer call recorded")
-            status = 1
-            continue
-        print(f"{label} against 0.25.0, first proposer call:")
-        mine_all, theirs_all = fixed["calls"][0]["received"], upstream["calls"][0]["received"]
-        if len(mine_all) != len(theirs_all):
-            print(f"  {len(mine_all)} states vs {len(theirs_all)}")
-            status = 1
-        for layer, mine, theirs in zip(IDS.split(","), mine_all, theirs_all, strict=False):
-            equal = torch.equal(mine, theirs)
-            diff = (mine.float() - theirs.float()).abs().max().item()
-            print(f"  layer {layer}: {'bitwise equal' if equal else f'max abs diff {diff:.3g}'}")
-            status = status or int(not equal)
-    return status
+    report = compare(runs)
+    print(f"engine logs in {logs}; {report.failed} check(s) failed")
+    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

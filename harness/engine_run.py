@@ -38,6 +38,15 @@ def main() -> None:
         help="no speculative method: plain generation (harness/oracle_site then sets the aux ids)",
     )
     parser.add_argument("--distributed-executor-backend", default=None, help="e.g. ray, mp")
+    parser.add_argument("--kv-cache-dtype", help="e.g. fp8_ds_mla (DeepSeek V3.2 on SM90)")
+    parser.add_argument("--tokenizer-mode", help="e.g. hf")
+    parser.add_argument(
+        "--model-class-override",
+        action="append",
+        default=[],
+        metavar="ARCH=MODULE:CLASS",
+        help="vLLM's model_class_overrides (0.25+), e.g. the deepseek_v32 nvidia model",
+    )
     args = parser.parse_args()
     for key, value in {"VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}.items():
         os.environ.setdefault(key, value)
@@ -45,14 +54,21 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     ids = [int(x) for x in args.ids.split(",")]
-    speculative = {
-        "method": "extract_hidden_states",
-        "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
-    }
-    more = {"speculative_config": speculative} if not args.no_speculative else {}
+    optional: dict[str, object] = {}  # only what was asked for: older releases do not know every argument
+    if not args.no_speculative:
+        optional["speculative_config"] = {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
+        }
     if args.distributed_executor_backend:
-        more["distributed_executor_backend"] = args.distributed_executor_backend
+        optional["distributed_executor_backend"] = args.distributed_executor_backend
+    if args.kv_cache_dtype:
+        optional["kv_cache_dtype"] = args.kv_cache_dtype
+    if args.tokenizer_mode:
+        optional["tokenizer_mode"] = args.tokenizer_mode
+    if args.model_class_override:
+        optional["model_class_overrides"] = dict(o.split("=", 1) for o in args.model_class_override)
     try:
         llm = LLM(
             model=args.checkpoint,
@@ -64,7 +80,7 @@ def main() -> None:
             seed=0,
             pipeline_parallel_size=args.pipeline_parallel_size,
             tensor_parallel_size=args.tensor_parallel_size,
-            **more,
+            **optional,
         )
         seconds = []
         for _ in range(args.generate_times):

@@ -77,8 +77,9 @@ class TestEnv:
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
         paths = list(paths)
-        if version == FIXED:
-            paths.append(str(self.root / f"vllm-{FIXED}"))
+        beside = self.root / f"vllm-{version}"  # installed with --target beside the venv (GPU bundle)
+        if version == FIXED or (version not in (BUG, NEWEST, OLDEST) and beside.is_dir()):
+            paths.append(str(beside))
         elif version not in (BUG, NEWEST, OLDEST):
             overlay = overlay_dir(self.root, version)
             if not (overlay.parent / ".stamp").exists():

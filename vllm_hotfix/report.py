@@ -10,11 +10,9 @@ from typing import Any
 from vllm_hotfix import engine
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
-from vllm_hotfix.decide import FAILED, PENDING
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Verdict
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
 from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
-
-PROBLEM_DECISIONS = ("unknown", FAILED)
 
 
 def _module_exists(name: str) -> bool:
@@ -40,17 +38,17 @@ def fix_statuses() -> list[dict[str, Any]]:
         if record is not None:
             decision, reason = record.decision, record.reason
         elif not vllm_present:
-            decision, reason = PENDING, "vLLM is not installed: nothing to fix"
-        elif fix.absent is Verdict.NOT_AFFECTED and not _module_exists(fix.module):
-            decision, reason = fix.absent.value, f"{fix.module} does not exist in this vLLM"
+            decision, reason = Decision.PENDING, "vLLM is not installed: nothing to fix"
+        elif fix.absent is Decision.NOT_AFFECTED and not _module_exists(fix.module):
+            decision, reason = fix.absent, f"{fix.module} does not exist in this vLLM"
         else:
-            decision, reason = PENDING, f"{fix.module} is not imported in this process yet"
+            decision, reason = Decision.PENDING, f"{fix.module} is not imported in this process yet"
         rows.append(
             {
                 "fix": fix.fix_id,
                 "title": fix.title,
                 "target": fix.target,
-                "decision": decision,
+                "decision": decision.value,  # plain text: status() is JSON-ready
                 "reason": reason,
                 "vllm_version": record.vllm_version if record else None,
                 "generated_file": record.generated_file if record else None,

@@ -14,8 +14,13 @@ name before us: a FIFO (an open() that blocks forever), a symbolic link (to anot
   the expected size, then opened with O_NOFOLLOW | O_NONBLOCK and checked again with fstat, and
   never more than the expected size + 1 bytes are read; the comparison is of bytes, so nothing is
   decoded. Anything else at the name is replaced: a new file is written under a private temporary
-  name and renamed over it (which never writes through what was there), then read back.
+  name and renamed over it (which never writes through what was there), then read back. A file
+  reused as it is gets its modification time set to now (never through a link), so its age says
+  when a process last used it (`vllm-hotfix clean` removes files by that age).
 - Any error, of any kind, makes that place unusable; the caller tries the next one.
+
+`files()` and `remove()` (for `vllm-hotfix clean`) open a place with the same checks, creating
+nothing: they list and unlink only regular files of this user, by name in the opened directory.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -81,6 +86,7 @@ def _save_in(place: Place, name: str, data: bytes) -> None:
     directory = _open_place(place)
     try:
         if _holds(directory, name, data):
+            _touch(directory, name)
             return
         _replace(directory, name, data)
         if not _holds(directory, name, data):
@@ -89,20 +95,72 @@ def _save_in(place: Place, name: str, data: bytes) -> None:
         os.close(directory)
 
 
-def _open_place(place: Place) -> int:
-    """An open descriptor of the place's directory, after every check."""
+def files(place: Place, named: Callable[[str], bool]) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of each regular file of this user in `place` whose name passes `named`.
+
+    Nothing is created and no link is followed. A place that does not exist holds nothing; one
+    that fails the checks save() makes raises (Unusable, or the OSError met).
+    """
+    try:
+        directory = _open_place(place, create=False)
+    except FileNotFoundError:
+        return []
+    try:
+        found = []
+        for name in sorted(os.listdir(directory)):
+            if not named(name):
+                continue
+            try:
+                seen = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if _regular_and_ours(seen):
+                found.append((name, seen))
+        return found
+    finally:
+        os.close(directory)
+
+
+def remove(place: Place, names: Iterable[str]) -> list[str]:
+    """Unlink each of `names` in `place` that is still a regular file of this user; the paths removed.
+
+    Raises as files() does when the place fails the checks; a name gone meanwhile is skipped.
+    """
+    directory = _open_place(place, create=False)
+    try:
+        removed = []
+        for name in names:
+            try:
+                if not _regular_and_ours(os.stat(name, dir_fd=directory, follow_symlinks=False)):
+                    continue
+                os.unlink(name, dir_fd=directory)  # unlinks the name itself, never a link's target
+            except FileNotFoundError:
+                continue
+            removed.append(os.path.join(place.path, name))
+        return removed
+    finally:
+        os.close(directory)
+
+
+def _open_place(place: Place, create: bool = True) -> int:
+    """An open descriptor of the place's directory, after every check.
+
+    With create=False nothing is made: FileNotFoundError when a directory is missing.
+    """
     if not _SUPPORTED:
         raise Unusable("this platform cannot open directories without following symbolic links")
     base = os.path.abspath(place.base)
-    os.makedirs(base, mode=0o700, exist_ok=True)
+    if create:
+        os.makedirs(base, mode=0o700, exist_ok=True)
     fd = os.open(base, _OPEN_DIR)
     try:
         _check_base(os.fstat(fd), base)
         path = base
         for part in place.parts:
             path = os.path.join(path, part)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o700, dir_fd=fd)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700, dir_fd=fd)
             child = os.open(part, _OPEN_DIR | _NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = child
@@ -145,6 +203,15 @@ def _holds(directory: int, name: str, data: bytes) -> bool:
         return _read_at_most(fd, len(data) + 1) == data
     finally:
         os.close(fd)
+
+
+def _touch(directory: int, name: str) -> None:
+    """Set `name`'s modification time to now, on the name itself (a link is never followed).
+
+    Only bookkeeping for `vllm-hotfix clean`: a failure (a read-only file system) changes nothing.
+    """
+    with contextlib.suppress(OSError, NotImplementedError):
+        os.utime(name, dir_fd=directory, follow_symlinks=False)
 
 
 def _regular_and_ours(found: os.stat_result) -> bool:

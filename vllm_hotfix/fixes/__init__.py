@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict
+from vllm_hotfix.fixes.base import Fix, Probe
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
@@ -10,4 +10,4 @@ from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
 ALL_FIXES: tuple[Fix, ...] = (DeepseekFinalAux(), CpuSamplerFp64Gumbel(), *DEEPSEEK_V32_FIXES)
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 
-__all__ = ["ALL_FIXES", "FIX_IDS", "Fix", "Probe", "Verdict"]
+__all__ = ["ALL_FIXES", "FIX_IDS", "Fix", "Probe"]

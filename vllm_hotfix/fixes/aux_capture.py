@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code
 
 FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
 
@@ -16,25 +17,25 @@ def verdict_without_shape(source: str) -> ast.FunctionDef | Probe:
     try:
         function = Fix.parse_function(source)
     except (SyntaxError, ValueError) as error:
-        return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
+        return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
     reads_aux = any(
         isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
         for node in ast.walk(function)
     )
     if not reads_aux:
-        return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
+        return Probe(Decision.NOT_AFFECTED, "forward collects no aux hidden states")
     if contains_code(function, FINAL_TEST):
-        return Probe(Verdict.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
+        return Probe(Decision.FIXED_UPSTREAM, f"forward already captures the final layer ({FINAL_TEST})")
     return function
 
 
 def verdict_from_checks(checks: dict[str, bool], buggy_reason: str) -> Probe:
-    """BUGGY when every named shape check holds, else UNKNOWN naming what is missing."""
+    """PATCHED when every named shape check holds, else UNKNOWN naming what is missing."""
     missing = [name for name, present in checks.items() if not present]
     if missing:
         return Probe(
-            Verdict.UNKNOWN,
+            Decision.UNKNOWN,
             "forward reads self.aux_hidden_state_layers but is not the known buggy shape;"
             " missing: " + "; ".join(missing),
         )
-    return Probe(Verdict.BUGGY, buggy_reason)
+    return Probe(Decision.PATCHED, buggy_reason)

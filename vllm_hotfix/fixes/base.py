@@ -8,7 +8,6 @@ source, so nothing of vLLM is copied into this package.
 from __future__ import annotations
 
 import ast
-import enum
 import functools
 import textwrap
 from abc import ABC, abstractmethod
@@ -17,19 +16,14 @@ from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Any
 
-
-class Verdict(str, enum.Enum):
-    """What the probe concluded about a piece of source."""
-
-    BUGGY = "patched"  # the known buggy shape: the fix applies
-    FIXED_UPSTREAM = "fixed upstream"
-    NOT_AFFECTED = "not affected"
-    UNKNOWN = "unknown"
+from vllm_hotfix.decisions import Decision
 
 
 @dataclass(frozen=True)
 class Probe:
-    verdict: Verdict
+    """What a probe concluded about a source: one of decisions.VERDICTS, and why."""
+
+    verdict: Decision
     reason: str
 
 
@@ -45,7 +39,7 @@ class Fix(ABC):
     fixed_in: str | None  # the first release with upstream's fix; None while upstream has none
     upstream: str  # where upstream fixed it, or that it has not
     related: tuple[str, ...] = ()  # other modules whose source the probe reads (never imported)
-    absent: Verdict = Verdict.UNKNOWN  # the verdict when the target does not exist at all
+    absent: Decision = Decision.UNKNOWN  # the verdict when the target does not exist at all
 
     @property
     def target(self) -> str:
@@ -61,9 +55,9 @@ class Fix(ABC):
 
     @abstractmethod
     def transform_source(self, source: str) -> str:
-        """Return the fixed function's source, dedented. Only called on a BUGGY verdict."""
+        """Return the fixed function's source, dedented. Only called on a PATCHED verdict."""
 
-    # -- where the function lives; fixes with extra references override install() ----------
+    # -- where the function lives; fixes with extra references override put() --------------
     def holder(self, module: ModuleType) -> Any:
         return module if self.owner is None else getattr(module, self.owner)
 
@@ -74,8 +68,9 @@ class Fix(ABC):
             return holder.__dict__.get(self.attribute)
         return vars(holder).get(self.attribute)
 
-    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
-        """Put `function` where `replaces` is now."""
+    def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
+        """Put `function` where `replacing` is now: the fixed function in place of the original
+        (patching.patch), and the original back in place of the fixed one (patching.unpatch)."""
         setattr(self.holder(module), self.attribute, function)
 
     def bindings(self, module: ModuleType) -> dict[str, Any]:

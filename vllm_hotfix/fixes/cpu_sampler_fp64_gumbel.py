@@ -16,7 +16,8 @@ import textwrap
 from collections.abc import Mapping
 from types import FunctionType, ModuleType
 
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict, same_code
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes.base import Fix, Probe, same_code
 
 FLAG = "USE_FP64_GUMBEL"
 CALLER = "vllm.v1.sample.rejection_sampler"
@@ -44,30 +45,30 @@ class CpuSamplerFp64Gumbel(Fix):
     fixed_in = "0.25.0"
     upstream = "vLLM 0.25.0 (cpu_triton_utils accepts USE_FP64_GUMBEL)"
     related = (CALLER,)
-    absent = Verdict.NOT_AFFECTED
+    absent = Decision.NOT_AFFECTED
     wrapper = "sample_recovered_tokens_kernel"  # the _FuncWrapper that vLLM's CPU runner uses
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
-            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
+            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         parameters = [arg.arg for arg in function.args.args + function.args.kwonlyargs]
         if FLAG in parameters or function.args.kwarg is not None:
-            return Probe(Verdict.FIXED_UPSTREAM, f"the CPU fallback accepts {FLAG}")
+            return Probe(Decision.FIXED_UPSTREAM, f"the CPU fallback accepts {FLAG}")
         caller = (related or {}).get(CALLER)
         if caller is None:
-            return Probe(Verdict.UNKNOWN, f"source of {CALLER} not available to see what it passes")
+            return Probe(Decision.UNKNOWN, f"source of {CALLER} not available to see what it passes")
         if not re.search(rf"\b{FLAG}\s*=", caller):
-            return Probe(Verdict.NOT_AFFECTED, f"the rejection sampler does not pass {FLAG}")
+            return Probe(Decision.NOT_AFFECTED, f"the rejection sampler does not pass {FLAG}")
         call = _kernel_call(function)
         if call is None or sum(same_code(arg, INV_Q) for arg in call.args) != 1:
             return Probe(
-                Verdict.UNKNOWN,
+                Decision.UNKNOWN,
                 f"the caller passes {FLAG} but the fallback is not the known shape"
                 f" (one {KERNEL_CALL}(..., {INV_Q}, ...) call)",
             )
-        return Probe(Verdict.BUGGY, f"the rejection sampler passes {FLAG}, the CPU fallback lacks it")
+        return Probe(Decision.PATCHED, f"the rejection sampler passes {FLAG}, the CPU fallback lacks it")
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
@@ -88,8 +89,9 @@ class CpuSamplerFp64Gumbel(Fix):
             lines[lineno - 1] = line[:start] + new + line[stop:]
         return "".join(lines)
 
-    def install(self, module: ModuleType, function: FunctionType, replaces: FunctionType) -> None:
-        super().install(module, function, replaces)
+    def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
+        """Also repoint the wrapper vLLM calls (its `.func`), both ways, when it held `replacing`."""
+        super().put(module, function, replacing)
         wrapper = getattr(module, self.wrapper, None)
-        if getattr(wrapper, "func", None) is replaces:
+        if getattr(wrapper, "func", None) is replacing:
             wrapper.func = function

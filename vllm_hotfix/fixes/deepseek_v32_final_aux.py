@@ -33,8 +33,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST
-from vllm_hotfix.fixes.base import Fix, Probe, Verdict, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
 
 INIT = "aux_hidden_states = []"
 LOOP_TEST = "idx in self.aux_hidden_state_layers"
@@ -215,7 +216,7 @@ class DeepseekV32FinalAux(Fix):
     attribute = "forward"
     fixed_in = None
     upstream = f"not fixed upstream as of vLLM {LAST_CHECKED}"
-    absent = Verdict.NOT_AFFECTED  # before vLLM 0.25.0 (amd: 0.27.0) V3.2 ran on DeepseekV2Model
+    absent = Decision.NOT_AFFECTED  # before vLLM 0.25.0 (amd: 0.27.0) V3.2 ran on DeepseekV2Model
 
     def __init__(self, vendor: str) -> None:
         self.vendor = vendor
@@ -231,34 +232,34 @@ class DeepseekV32FinalAux(Fix):
         try:
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
-            return Probe(Verdict.UNKNOWN, f"source could not be parsed: {error}")
+            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if not any(
             isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers" for n in ast.walk(function)
         ):
-            return Probe(Verdict.NOT_AFFECTED, "forward collects no aux hidden states")
+            return Probe(Decision.NOT_AFFECTED, "forward collects no aux hidden states")
         sums = [s for block in _capture_blocks(function) for s in _layer_sums(block)]
         plain = [s for s in sums if _is_plain(s)]
         if contains_code(function, FINAL_TEST):
             if sums and not plain:
                 return Probe(
-                    Verdict.FIXED_UPSTREAM,
+                    Decision.FIXED_UPSTREAM,
                     f"forward captures the final layer ({FINAL_TEST}) and reduces every captured sum",
                 )
             return Probe(
-                Verdict.UNKNOWN,
+                Decision.UNKNOWN,
                 f"forward captures the final layer ({FINAL_TEST}) but adds un-reduced per-rank"
                 f" `{LAYER_INPUT}` (or no sum this fix knows): a shape this fix does not know",
             )
         shape = Shape(function)
         if shape.missing:
             return Probe(
-                Verdict.UNKNOWN,
+                Decision.UNKNOWN,
                 "forward reads self.aux_hidden_state_layers but is not a known buggy shape; missing: "
                 + "; ".join(shape.missing),
             )
         where = SEQUENCE_PARALLEL.get(shape.sequence_parallel or "", "no sequence parallelism")
         return Probe(
-            Verdict.BUGGY,
+            Decision.PATCHED,
             "forward captures per-rank partial sums under tensor parallelism and never the final"
             f" layer's output ({where})",
         )

