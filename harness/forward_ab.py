@@ -43,6 +43,7 @@ def ab(stock, patched, rounds: int, warmup: int) -> dict[str, object]:
     return {
         "rounds": rounds,
         "ratio": quartiles(ratios),
+        "ratios": ratios,  # per round, for the median's confidence interval (harness/bench_results.py)
         "stock_ms": quartiles([t * 1e3 for t in times["stock"]]),
         "patched_ms": quartiles([t * 1e3 for t in times["patched"]]),
     }

@@ -1,0 +1,162 @@
+"""Benchmark results as files, and the README's benchmark table made from them.
+
+Each benchmark prints its figures and writes the same figures, as rows of the README's table plus
+the raw numbers, to benchmarks/results/NAME.json (with the date, the machine, the versions and the
+load average it ran under). `python scripts/update_bench_table.py` writes the README's table from
+those files alone, and tests/test_bench_table.py fails when the two disagree, so no figure in the
+README is typed by hand, and a benchmark that was never run shows as "not measured".
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "benchmarks" / "results"
+START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+
+# The table's order, and the command that measures each benchmark (scripts/bench.sh NAME).
+BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the README's table: what was measured, and the figure as printed."""
+
+    what: str
+    figure: str
+
+
+def median_ci(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free 95% confidence interval of the median (order statistics, normal
+    approximation of the binomial): says whether a median ratio can tell a 1% difference."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = z * math.sqrt(n) / 2
+    low, high = max(math.floor(n / 2 - half), 1), min(math.ceil(n / 2 + half + 1), n)
+    return ordered[low - 1], ordered[high - 1]
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median, quartiles and the median's 95% interval of repeated measurements."""
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    low, high = median_ci(values)
+    median = statistics.median(values)
+    return {"n": len(values), "median": median, "q1": q1, "q3": q3, "ci_low": low, "ci_high": high}
+
+
+def ratio_text(stats: dict[str, float]) -> str:
+    """`0.998 (95% CI 0.991-1.004; IQR 0.95-1.05, 300 rounds)`: the median ratio as the table shows it."""
+    return (
+        f"{stats['median']:.3f} (95% CI {stats['ci_low']:.3f}-{stats['ci_high']:.3f};"
+        f" IQR {stats['q1']:.3f}-{stats['q3']:.3f}, {stats['n']} rounds)"
+    )
+
+
+def machine() -> str:
+    """The machine in a few words: processor, cores, memory."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+        model = names[0] if names else model
+        with open("/proc/meminfo", encoding="utf-8") as handle:
+            kib = int(next(line.split()[1] for line in handle if line.startswith("MemTotal")))
+        memory = f", {kib / 2**20:.0f} GiB"
+    except (OSError, ValueError, StopIteration):
+        memory = ""
+    return f"{os.cpu_count()} cores of {model}{memory}"
+
+
+class Recorder:
+    """Started before a benchmark measures, written after: the load average before and after is
+    part of the result, since on a 2-core machine another job's load moves every figure."""
+
+    def __init__(self, name: str, command: str) -> None:
+        if name not in BENCHMARKS:
+            raise ValueError(f"unknown benchmark {name!r}: add it to BENCHMARKS")
+        self.name, self.command = name, command
+        self.load_before = os.getloadavg()[0]
+
+    def write(
+        self,
+        rows: Sequence[Row],
+        figures: dict[str, object],
+        versions: dict[str, str],
+        results_dir: Path = RESULTS_DIR,
+    ) -> Path:
+        """Print the rows and write them with the raw figures to RESULTS_DIR/NAME.json."""
+        for row in rows:
+            print(f"README row: {row.what} | {row.figure}")
+        result = {
+            "benchmark": self.name,
+            "command": self.command,
+            "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "machine": machine(),
+            "python": sys.version.split()[0],
+            "versions": versions,
+            "load_average": [round(self.load_before, 2), round(os.getloadavg()[0], 2)],
+            "rows": [asdict(row) for row in rows],
+            "figures": figures,
+        }
+        results_dir.mkdir(parents=True, exist_ok=True)
+        path = results_dir / f"{self.name}.json"
+        path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"results written to {path}; README table: python scripts/update_bench_table.py")
+        return path
+
+
+def load(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
+    """Every recorded result, by benchmark name."""
+    found = {}
+    for name in BENCHMARKS:
+        path = results_dir / f"{name}.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def render(results_dir: Path = RESULTS_DIR) -> str:
+    """The README's benchmark block (between the markers), from the result files alone."""
+    results = load(results_dir)
+    lines = [
+        "Generated from `benchmarks/results/*.json` by `python scripts/update_bench_table.py`; do not",
+        "edit by hand. Each benchmark prints these figures and writes that file when it runs. Medians",
+        "of repeated measurements in one run; a ratio is against a baseline measured in the same run,",
+        "alternating with it, and its 95% confidence interval (CI) says which differences it can tell.",
+        "",
+        "| what | figure | measured | command |",
+        "|---|---|---|---|",
+    ]
+    for name in BENCHMARKS:
+        command = f"`bash scripts/bench.sh {name}`"
+        result = results.get(name)
+        if result is None:
+            lines.append(f"| {name} | not measured yet | | {command} |")
+            continue
+        before, after = result["load_average"]
+        versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+        when = f"{result['measured']}; {result['machine']}; {versions}; load average {before:g} -> {after:g}"
+        for row in result["rows"]:
+            lines.append(f"| {row['what']} | {row['figure']} | {when} | `{result['command']}` |")
+    return "\n".join(lines) + "\n"
+
+
+def with_table(readme: str, block: str, start: str = START, end: str = END) -> str:
+    """README text with the block between the markers replaced."""
+    first, last = readme.index(start) + len(start), readme.index(end)
+    return readme[:first] + "\n" + block + readme[last:]
+
+
+def table_in(readme: str, start: str = START, end: str = END) -> str:
+    """The block currently between the markers."""
+    return readme[readme.index(start) + len(start) : readme.index(end)].lstrip("\n")

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Regenerate README.md's benchmark table from benchmarks/results/*.json (written by the benchmarks)
+and its release-matrix table from benchmarks/results/matrix/*.json (written by scripts/matrix.sh).
+
+Only the text between `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->`, and between
+`<!-- matrix:start -->` and `<!-- matrix:end -->`, is replaced. `--check` writes nothing and exits 1
+when either table differs from the result files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness import bench_results, matrix  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if out of date")
+    args = parser.parse_args(argv)
+    readme = args.readme.read_text(encoding="utf-8")
+    updated = bench_results.with_table(readme, bench_results.render())
+    updated = bench_results.with_table(updated, matrix.render(), matrix.MATRIX_START, matrix.MATRIX_END)
+    if updated == readme:
+        print(f"{args.readme}: the benchmark and matrix tables are up to date", file=sys.stderr)
+        return 0
+    if args.check:
+        print(f"{args.readme}: the benchmark or matrix table is out of date; run {__file__}", file=sys.stderr)
+        return 1
+    args.readme.write_text(updated, encoding="utf-8")
+    print(f"{args.readme}: benchmark and matrix tables updated", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

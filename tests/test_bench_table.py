@@ -1,0 +1,84 @@
+"""The README's benchmark table is made from the files the benchmarks write, and from nothing else.
+
+A benchmark prints its figures and writes them to benchmarks/results/NAME.json
+(harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files.
+These tests fail when a figure in the README was edited by hand or a result file is incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import bench_results, matrix
+from harness.bench_results import BENCHMARKS, RESULTS_DIR, Recorder, Row, median_ci, render, table_in
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_table_is_the_one_the_result_files_give() -> None:
+    assert table_in(README.read_text(encoding="utf-8")) == render(), (
+        "README.md's benchmark table differs from benchmarks/results/:"
+        " run `python scripts/update_bench_table.py`"
+    )
+
+
+def test_readme_matrix_is_the_one_the_row_files_give() -> None:
+    readme = README.read_text(encoding="utf-8")
+    assert table_in(readme, matrix.MATRIX_START, matrix.MATRIX_END) == matrix.render(), (
+        "README.md's release matrix differs from benchmarks/results/matrix/:"
+        " run `python scripts/update_bench_table.py`"
+    )
+
+
+def test_a_saved_matrix_row_is_what_the_matrix_table_shows(tmp_path: Path) -> None:
+    assert "Not run yet: 0.18.0 eager, 0.18.0 compile" in matrix.render(tmp_path)
+    row = matrix.Row("0.18.0", "eager", "[1,2,4]: 2 of 3 states", "patched", "final = h+r", 12.0, True)
+    matrix.save(row, tmp_path, (0.5, 0.75))
+    table = matrix.render(tmp_path)
+    assert "| 0.18.0 | eager | [1,2,4]: 2 of 3 states | patched | PASS: final = h+r | 12 |" in table
+    assert "0.18.0 eager," not in table.split("Not run yet:")[1]
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_each_result_file_says_what_where_and_when(path: Path) -> None:
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert result["benchmark"] == path.stem and path.stem in BENCHMARKS
+    assert result["command"].startswith(f"bash scripts/bench.sh {path.stem}")
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", result["measured"])
+    assert result["machine"] and result["versions"] and len(result["load_average"]) == 2
+    assert result["rows"] and all(row["what"] and row["figure"] for row in result["rows"])
+    assert result["figures"], "the raw figures behind the rows are missing"
+
+
+def test_a_recorded_result_is_what_the_table_shows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "| startup | not measured yet |" in render(tmp_path)
+    recorder = Recorder("startup", "bash scripts/bench.sh startup --runs 3")
+    recorder.write(
+        [Row("what it measured", "1.23 ms")], {"runs": 3}, {"Python": "3.11"}, results_dir=tmp_path
+    )
+    assert "README row: what it measured | 1.23 ms" in capsys.readouterr().out
+    table = render(tmp_path)
+    assert "| what it measured | 1.23 ms |" in table and "Python 3.11" in table
+    assert "| startup | not measured yet |" not in table
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        Recorder("nonesuch", "bash scripts/bench.sh nonesuch")
+
+
+def test_median_interval_is_the_order_statistics_interval() -> None:
+    # For 100 observations the distribution-free 95% interval of the median is the 40th to 61st value.
+    assert median_ci([float(v) for v in range(1, 101)]) == (40.0, 61.0)
+    stats = bench_results.summary([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert stats["median"] == 3.0 and stats["ci_low"] <= 3.0 <= stats["ci_high"]
+
+
+def test_table_replacement_keeps_the_rest_of_the_readme() -> None:
+    readme = f"before\n{bench_results.START}\nold\n{bench_results.END}\nafter\n"
+    updated = bench_results.with_table(readme, "new\n")
+    assert updated == f"before\n{bench_results.START}\nnew\n{bench_results.END}\nafter\n"
+    assert table_in(updated) == "new\n"
