@@ -330,12 +330,17 @@ def save(row: Row, results_dir: Path = MATRIX_DIR, load: tuple[float, float] | N
     from harness.bench_results import machine
 
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{row.release}--{row.mode.replace(', ', '-')}.json"
+    path = results_dir / f"{row.release}--{_mode_key(row.mode).replace(', ', '-')}.json"
     record = {"measured": time.strftime("%Y-%m-%d"), "machine": machine(), "row": dataclasses.asdict(row)}
     if load is not None:
         record["load_average"] = [round(value, 2) for value in load]
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def _mode_key(mode: str) -> str:
+    """`compile (DYNAMO_TRACE_ONCE, inductor, ahead-of-time)` -> `compile`; `eager, engine` stays."""
+    return mode.split(" (", 1)[0]
 
 
 def _order(record: dict[str, Any]) -> tuple:
@@ -348,7 +353,7 @@ def render(results_dir: Path = MATRIX_DIR) -> str:
     records = sorted((json.loads(p.read_text()) for p in results_dir.glob("*.json")), key=_order)
     wanted = [(v, m) for v in RELEASES for m in MODES]
     wanted += [(v, f"{m}, engine") for v in RELEASES for m in ENGINE_MODES if engine_level(v)]
-    done = {(r["row"]["release"], r["row"]["mode"]) for r in records}
+    done = {(r["row"]["release"], _mode_key(r["row"]["mode"])) for r in records}
     missing = [f"{v} {m}" for v, m in wanted if (v, m) not in done]
     machines = sorted({r["machine"] for r in records})
     lines = [

@@ -41,6 +41,9 @@ def test_a_saved_matrix_row_is_what_the_matrix_table_shows(tmp_path: Path) -> No
     table = matrix.render(tmp_path)
     assert "| 0.18.0 | eager | [1,2,4]: 2 of 3 states | patched | PASS: final = h+r | 12 |" in table
     assert "0.18.0 eager," not in table.split("Not run yet:")[1]
+    compiled = matrix.Row("0.18.0", "compile (DYNAMO_TRACE_ONCE, inductor)", "-", "patched", "ok", 1.0, True)
+    assert matrix.save(compiled, tmp_path).name == "0.18.0--compile.json"
+    assert "0.18.0 compile," not in matrix.render(tmp_path).split("Not run yet:")[1]
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
