@@ -150,6 +150,12 @@ def main() -> None:
             captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
             vllm_config = getattr(module.model, "vllm_config", None)  # set by @support_torch_compile
             captured["jit_cache_dir"] = vllm_config.compilation_config.cache_dir if vllm_config else ""
+            # The ahead-of-time path: the hash directory vLLM keyed this forward's artifact under, and
+            # whether the artifact it runs was loaded from that directory rather than compiled here.
+            captured["aot_cache_dir"] = (
+                getattr(vllm_config.compilation_config, "local_cache_dir", "") or "" if vllm_config else ""
+            )
+            captured["aot_loaded"] = bool(getattr(module.model, "was_aot_compile_fn_loaded_from_disk", False))
         return output[0] if isinstance(output, tuple) else output
 
     original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
@@ -200,6 +206,8 @@ def main() -> None:
             "compiled": captured["compiled"],  # vLLM's decorator compiled this model's forward
             "aot_compiled": captured["aot_compiled"],  # ...through the ahead-of-time path
             "jit_cache_dir": captured["jit_cache_dir"],  # vLLM's JIT cache directory ('' if none)
+            "aot_cache_dir": captured["aot_cache_dir"],  # vLLM's ahead-of-time hash directory ('' if none)
+            "aot_loaded": captured["aot_loaded"],  # the AOT artifact run was loaded from disk
             "counters": dataclasses.asdict(compilation_counter),  # compiles, cache loads and saves
             "variants": captured["variants"],
             "timings": timings,

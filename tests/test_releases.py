@@ -12,6 +12,7 @@ import io
 import os
 import random
 import re
+import textwrap
 import threading
 import urllib.error
 import urllib.request
@@ -315,6 +316,145 @@ def test_v32_fixes_are_registered_for_both_vendor_files() -> None:
     ]
 
 
+# -- who runs a fix's file: vLLM's model registry ----------------------------------------------------
+
+REGISTRY = "vllm/model_executor/models/registry.py"
+V32_INIT = "vllm/models/deepseek_v32/__init__.py"
+NVIDIA, AMD = DEEPSEEK_V32_FIXES
+
+
+def _registry(*entries: str) -> str:
+    """A registry in vLLM's shape: module-level dicts of "Arch": (module, class), merged at the end."""
+    lines = "".join(
+        f"    {entry}\n"
+        for entry in ('"DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),', *entries)
+    )
+    return f"""
+_TEXT_GENERATION_MODELS = {{
+{lines}}}
+_PREVIOUSLY_SUPPORTED_MODELS = {{"OldForCausalLM": "0.10.0"}}
+_VLLM_MODELS = {{**_TEXT_GENERATION_MODELS}}
+"""
+
+
+# vLLM 0.25.0-0.28.0 and 0.29.0+ (a package name, absolute since vLLM resolves `vllm.` names as is)
+TO_V2 = (
+    '"DeepseekV32ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),',
+    '"GlmMoeDsaForCausalLM": ("deepseek_v2", "GlmMoeDsaForCausalLM"),',
+)
+TO_V32 = (
+    '"DeepseekV32ForCausalLM": ("vllm.models.deepseek_v32", "DeepseekV32ForCausalLM"),',
+    '"GlmMoeDsaForCausalLM": ("vllm.models.deepseek_v32", "GlmMoeDsaForCausalLM"),',
+)
+
+
+# vLLM 0.29.0's package entry: CUDA takes the nvidia file, every other platform deepseek_v2.
+V32_PACKAGE = """
+from vllm.platforms import current_platform
+
+if current_platform.is_cuda():
+    from .nvidia.model import DeepseekV32ForCausalLM
+    from .nvidia.model import DeepseekV32ForCausalLM as GlmMoeDsaForCausalLM
+else:
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV3ForCausalLM as DeepseekV32ForCausalLM
+    from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM
+"""
+
+
+def test_registry_entries_resolve_module_names_as_vllm_does() -> None:
+    entries = releases.registry_entries(_registry(*TO_V32))
+    assert entries["DeepseekV3ForCausalLM"] == {
+        ("vllm.model_executor.models.deepseek_v2", "DeepseekV3ForCausalLM")
+    }
+    assert entries["DeepseekV32ForCausalLM"] == {("vllm.models.deepseek_v32", "DeepseekV32ForCausalLM")}
+    assert "OldForCausalLM" not in entries  # not a (module, class) entry
+
+
+def test_route_mapped_to_deepseek_v2_is_override_only() -> None:
+    texts = {REGISTRY: _registry(*TO_V2), V32_INIT: V32_PACKAGE}
+    found = releases.route(NVIDIA, texts)
+    assert found.default is False and "deepseek_v2.DeepseekV3ForCausalLM (not this file)" in found.reason
+    assert found.label == "only with model_class_overrides"
+
+
+def test_route_mapped_to_deepseek_v32_is_the_default_where_its_package_picks_the_file() -> None:
+    texts = {REGISTRY: _registry(*TO_V32), V32_INIT: V32_PACKAGE}
+    nvidia = releases.route(NVIDIA, texts)
+    assert (nvidia.default, nvidia.where, nvidia.label) == (True, "CUDA", "registry default on CUDA")
+    amd = releases.route(AMD, texts)  # the package picks no amd file: deepseek_v2 off CUDA
+    assert amd.default is False
+    rocm = V32_PACKAGE.replace(
+        "else:", "elif current_platform.is_rocm():\n    from .amd.model import DeepseekV32ForCausalLM\nelse:"
+    )
+    assert releases.route(AMD, {**texts, V32_INIT: rocm}).where == "ROCm"
+    # a registry entry naming the file itself: the default everywhere, shown as plain "patched"
+    direct = '"DeepseekV32ForCausalLM": ("vllm.models.deepseek_v32.nvidia.model", "DeepseekV32ForCausalLM"),'
+    plain = releases.route(NVIDIA, {REGISTRY: _registry(direct)})
+    assert (plain.default, plain.where) == (True, None)
+    assert releases.Outcome(NVIDIA.fix_id, PATCHED, "", route=plain).cell == "patched"
+    assert (
+        releases.Outcome(NVIDIA.fix_id, PATCHED, "", route=nvidia).cell
+        == "patched (registry default on CUDA)"
+    )
+
+
+def test_route_with_the_architectures_absent_is_override_only() -> None:
+    found = releases.route(NVIDIA, {REGISTRY: _registry()})
+    assert found.default is False
+    assert "DeepseekV32ForCausalLM: not in the registry; GlmMoeDsaForCausalLM: not in" in found.reason
+
+
+@pytest.mark.parametrize(
+    ("texts", "why"),
+    [
+        ({REGISTRY: "_TEXT_GENERATION_MODELS = {\n"}, "could not be parsed"),
+        ({}, "is not in this release"),
+        ({REGISTRY: "X = 1\n"}, "no (module, class) entries"),
+        ({REGISTRY: _registry(*TO_V32)}, f"{V32_INIT} is not in this release"),
+        (
+            {REGISTRY: _registry(*TO_V32), V32_INIT: "from . import (\n"},
+            "could not be",
+        ),
+        ({REGISTRY: _registry(*TO_V32), V32_INIT: "X = 1\n"}, "does not import"),
+    ],
+)
+def test_an_unreadable_route_is_unknown_not_a_crash(texts: dict[str, str], why: str) -> None:
+    found = releases.route(NVIDIA, texts)
+    assert found.default is None and why in found.reason, found.reason
+    outcome = releases.Outcome(NVIDIA.fix_id, PATCHED, "", route=found)
+    assert outcome.cell == "patched (registry route unknown)"
+    row = releases.Row("vllm", "9.9.9", "w.whl", None, [outcome])
+    assert releases.unknowns([row]) == [f"vllm 9.9.9: {NVIDIA.fix_id}: registry: {found.reason}"]
+
+
+def test_a_wheel_is_classified_with_its_route_in_one_pass(tmp_path) -> None:
+    """A patched V3.2 file in a wheel whose registry picks it on CUDA; the V2 fix gets no route."""
+    v32_model = "class DeepseekV32Model:\n" + textwrap.indent(V32_FORWARD, "    ")
+    members = {
+        MEMBER: BUGGY_V2,
+        "vllm/models/deepseek_v32/nvidia/model.py": v32_model,
+        V32_INIT: V32_PACKAGE,
+        REGISTRY: _registry(*TO_V32),
+    }
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, text in members.items():
+            archive.writestr(name, text, zipfile.ZIP_DEFLATED)
+    server, url, _ = _serve(True, {"/v.whl": buffer.getvalue()})
+    try:
+        release = releases.Release("vllm", "9.9.9", url + "/v.whl", "v.whl")
+        fixes = [DeepseekFinalAux(), NVIDIA, AMD]
+        row = releases.classify_release(release, fixes, releases.MemberCache(str(tmp_path)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [o.cell for o in row.outcomes] == ["patched", "patched (registry default on CUDA)", "not affected"]
+    assert row.outcomes[0].route is None and row.outcomes[2].route is None  # routes only patched files
+    assert releases.to_json([row])[0]["fixes"][NVIDIA.fix_id]["route"]["where"] == "CUDA"
+    assert "patched (registry default on CUDA)" in releases.format_text([row], fixes)
+    assert REGISTRY not in releases.needed_members([DeepseekFinalAux(), CpuSamplerFp64Gumbel()])
+
+
 # -- the releases listed, and the README table ------------------------------------------------------
 
 
@@ -379,6 +519,26 @@ def test_markdown_groups_consecutive_releases_and_replaces_only_between_markers(
         releases.with_table("no markers\n", table)
     with pytest.raises(ValueError):
         releases.table_in(f"{end}\n{start}\n")
+    assert "model_class_overrides" not in table  # no fix with architectures: no route footnote
+
+
+def test_markdown_splits_ranges_where_the_registry_route_changes() -> None:
+    override, cuda = releases.Route(False), releases.Route(True, "CUDA")
+    rows = [
+        releases.Row("vllm", v, "w.whl", None, [releases.Outcome(NVIDIA.fix_id, PATCHED, "", route=r)])
+        for v, r in [("0.27.0", override), ("0.28.0", override), ("0.29.0", cuda), ("0.30.0", cuda)]
+    ]
+    lines = releases.markdown_table(rows, [NVIDIA]).splitlines()
+    assert (
+        lines[2]
+        == "| `vllm` | 0.27.0 \N{EN DASH} 0.28.0 (2 releases) | patched (only with model_class_overrides) |"
+    )
+    assert (
+        lines[3] == "| `vllm` | 0.29.0 \N{EN DASH} 0.30.0 (2 releases) | patched (registry default on CUDA) |"
+    )
+    footnote = lines[-1]
+    assert "`DeepseekV32ForCausalLM`, `GlmMoeDsaForCausalLM`" in footnote
+    assert "*registry default on P*" in footnote and "*only with model_class_overrides*" in footnote
 
 
 # -- today's verdicts on PyPI (network) -------------------------------------------------------------
@@ -512,6 +672,27 @@ def test_deepseek_final_aux_forward_is_the_same_in_all_twelve_releases(pypi_rows
     assert len(patched) == 12
     digests = {o.source_sha256 for r in patched for o in r.outcomes if o.fix_id == "deepseek-final-aux"}
     assert len(digests) == 1, "the forward should be the same in all twelve releases"
+
+
+# The first release whose registry runs each V3.2 file by default (on the platform named), read from
+# the wheels: before it, from the file's first release, the file runs only with model_class_overrides.
+REGISTRY_DEFAULT_FROM = {NVIDIA.fix_id: ("0.29.0", "CUDA"), AMD.fix_id: ("0.31.0", "ROCm")}
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("fix", DEEPSEEK_V32_FIXES, ids=lambda fix: fix.fix_id)
+def test_v32_files_run_by_default_from_the_release_the_registry_switches(pypi_rows, fix: Fix) -> None:
+    switch, platform = REGISTRY_DEFAULT_FROM[fix.fix_id]
+    found = []
+    for row in pypi_rows:
+        outcome = row.outcome(fix.fix_id)
+        if outcome is None or outcome.verdict is not PATCHED:
+            continue
+        expected = releases.Route(True, platform) if _between(row.version, switch) else releases.Route(False)
+        assert outcome.route is not None
+        if (outcome.route.default, outcome.route.where) != (expected.default, expected.where):
+            found.append(f"{row.dist} {row.version}: {outcome.route.label!r}, expected {expected.label!r}")
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.network

