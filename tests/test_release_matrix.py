@@ -5,8 +5,9 @@ Each case runs the real engine twice, without the hotfix and with it as a vLLM p
 stock returns one state too few for ids [1, 2, 4]; the hotfix decides `patched`; the final state
 equals `hidden_states + residual` at the input of the model's final norm, read in the same process;
 every other state and the model's output equal stock's bit for bit (the stock run, and in eager
-mode the original forward the hotfix keeps as `__wrapped__`). 0.24.0's default compilation is
-already compared with 0.25.0 in test_model_states.py, so 0.24.0 runs eager here.
+mode the original forward the hotfix keeps as `__wrapped__`). Eager only, to keep CI under an hour:
+0.24.0's default compilation is compared with 0.25.0 in test_model_states.py and
+test_engine_e2e.py, and every release's compile row is in `bash scripts/matrix.sh` (README).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def matrix(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
     return Matrix(testenv, tiny_checkpoint, tmp_path_factory.mktemp("matrix"))
 
 
-@pytest.mark.parametrize(("version", "mode"), [(OLDEST, "eager"), (OLDEST, "compile"), (BUG, "eager")])
+@pytest.mark.parametrize(("version", "mode"), [(OLDEST, "eager"), (BUG, "eager")])
 def test_release_reproduces_the_bug_and_the_fix_passes_the_oracle(
     matrix: Matrix, testenv: TestEnv, version: str, mode: str
 ) -> None:
