@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import logging
 import os
 import sys
 
@@ -185,6 +186,18 @@ def main() -> None:
         compilation_config.setdefault("mode", 3)  # CompilationMode.VLLM_COMPILE
     if compilation_config:
         llm_kwargs["compilation_config"] = compilation_config
+    # What vLLM's compile decorator says about its ahead-of-time artifact: a direct load, or a load
+    # that failed (then it compiles again). Its logger is listened to directly, whatever vLLM's
+    # logging configuration does with propagation.
+    aot_log: list[str] = []
+
+    class AotLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if "AOT compilation from path" in message or "load failure from" in message:
+                aot_log.append(message)
+
+    logging.getLogger("vllm.compilation.decorators").addHandler(AotLog())
     llm = LLM(**llm_kwargs)
     llm.generate(
         [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
@@ -208,6 +221,7 @@ def main() -> None:
             "jit_cache_dir": captured["jit_cache_dir"],  # vLLM's JIT cache directory ('' if none)
             "aot_cache_dir": captured["aot_cache_dir"],  # vLLM's ahead-of-time hash directory ('' if none)
             "aot_loaded": captured["aot_loaded"],  # the AOT artifact run was loaded from disk
+            "aot_log": aot_log,  # vLLM's own messages on loading it (or failing to)
             "counters": dataclasses.asdict(compilation_counter),  # compiles, cache loads and saves
             "variants": captured["variants"],
             "timings": timings,
