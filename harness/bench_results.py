@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vllm_hotfix.releases.marked_block import block_in, with_block
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
@@ -153,10 +155,9 @@ def render(results_dir: Path = RESULTS_DIR) -> str:
 
 def with_table(readme: str, block: str, start: str = START, end: str = END) -> str:
     """README text with the block between the markers replaced."""
-    first, last = readme.index(start) + len(start), readme.index(end)
-    return readme[:first] + "\n" + block + readme[last:]
+    return with_block(readme, block, start, end)
 
 
 def table_in(readme: str, start: str = START, end: str = END) -> str:
-    """The block currently between the markers."""
-    return readme[readme.index(start) + len(start) : readme.index(end)].lstrip("\n")
+    """The block currently between the markers, as `render` makes it."""
+    return block_in(readme, start, end).lstrip("\n")

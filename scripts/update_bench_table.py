@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness import bench_results, matrix  # noqa: E402
+from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,15 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     readme = args.readme.read_text(encoding="utf-8")
     updated = bench_results.with_table(readme, bench_results.render())
     updated = bench_results.with_table(updated, matrix.render(), matrix.MATRIX_START, matrix.MATRIX_END)
-    if updated == readme:
-        print(f"{args.readme}: the benchmark and matrix tables are up to date", file=sys.stderr)
-        return 0
-    if args.check:
-        print(f"{args.readme}: the benchmark or matrix table is out of date; run {__file__}", file=sys.stderr)
-        return 1
-    args.readme.write_text(updated, encoding="utf-8")
-    print(f"{args.readme}: benchmark and matrix tables updated", file=sys.stderr)
-    return 0
+    return write_or_check(
+        args.readme,
+        readme,
+        updated,
+        what="the benchmark and matrix tables",
+        check=args.check,
+        script=__file__,
+    )
 
 
 if __name__ == "__main__":

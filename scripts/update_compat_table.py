@@ -12,11 +12,13 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
 from vllm_hotfix import releases  # noqa: E402
+from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,16 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: unknown verdict: {line}", file=sys.stderr)
 
     updated = releases.with_table(readme, releases.markdown_table(rows, releases.all_probes()))
-    if updated == readme:
-        print(f"{args.readme}: the compatibility table is up to date", file=sys.stderr)
-        return 0
-    if args.check:
-        print(f"{args.readme}: the compatibility table is out of date; run {__file__}", file=sys.stderr)
-        return 1
-    with open(args.readme, "w", encoding="utf-8") as handle:
-        handle.write(updated)
-    print(f"{args.readme}: compatibility table updated", file=sys.stderr)
-    return 0
+    return write_or_check(
+        Path(args.readme), readme, updated, what="the compatibility table", check=args.check, script=__file__
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from vllm_hotfix.fixes import Fix
 from vllm_hotfix.releases.classify import Row
+from vllm_hotfix.releases.marked_block import block_in, with_block
 
 TABLE_START = "<!-- compat-table:start -->"
 TABLE_END = "<!-- compat-table:end -->"
@@ -67,18 +68,9 @@ def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
 
 def table_in(readme: str) -> str:
     """The text between the compat-table markers (ValueError unless there is exactly one pair)."""
-    if readme.count(TABLE_START) != 1 or readme.count(TABLE_END) != 1:
-        raise ValueError(f"expected one {TABLE_START} and one {TABLE_END}")
-    start = readme.index(TABLE_START) + len(TABLE_START)
-    end = readme.index(TABLE_END)
-    if end < start:
-        raise ValueError(f"{TABLE_END} comes before {TABLE_START}")
-    return readme[start:end]
+    return block_in(readme, TABLE_START, TABLE_END)
 
 
 def with_table(readme: str, table: str) -> str:
     """`readme` with only the text between the markers replaced by `table`."""
-    table_in(readme)  # validates the markers
-    start = readme.index(TABLE_START) + len(TABLE_START)
-    end = readme.index(TABLE_END)
-    return f"{readme[:start]}\n{table.strip()}\n{readme[end:]}"
+    return with_block(readme, table, TABLE_START, TABLE_END)
