@@ -20,6 +20,8 @@ import json
 import os
 import time
 
+import in_process  # a sibling module: this script's directory is on sys.path
+
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 
 
@@ -32,13 +34,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    for key, value in {
-        "VLLM_MLA_DISABLE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }.items():
-        os.environ.setdefault(key, value)
+    in_process.set_defaults()
     import vllm_hotfix  # noqa: F401  (patches DeepseekV2Model when vLLM imports it: first)
 
     # isort: split

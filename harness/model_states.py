@@ -20,8 +20,9 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import sys
+
+import in_process  # a sibling module: this script's directory is on sys.path
 
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 
@@ -76,13 +77,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    for key, value in {
-        "VLLM_MLA_DISABLE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }.items():
-        os.environ.setdefault(key, value)
+    in_process.set_defaults()
     if args.hotfix:
         if args.hotfix_version:
             import vllm_hotfix._version
