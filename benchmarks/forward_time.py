@@ -9,7 +9,7 @@ stock is the original forward the hotfix keeps as `__wrapped__`, patched the ins
 returns the final state: one add more; stock returns one state too few), eager and each function
 compiled on its own with torch.compile (inductor). Prints, per case, the median of the per-round
 ratios patched/stock with their interquartile range, and the median call times.
-Run: bash scripts/bench.sh forward_time [--rounds 300]
+Run: bash scripts/bench.sh forward_time [--rounds 5000]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from harness.tiny_checkpoint import build as build_checkpoint
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5000)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--modes", default="eager,compile")
     args = parser.parse_args()

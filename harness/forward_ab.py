@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--variants", default="1,2;1,2,4", help="aux id lists, ';'-separated")
     parser.add_argument("--modes", default="eager,compile")
-    parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5000)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
