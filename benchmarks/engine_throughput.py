@@ -16,7 +16,7 @@ Pairs (--pairs):
   across fresh engines, as `upstream` is measured.
 Each fresh engine: one generate call to warm up, then --times timed calls of --max-tokens tokens; its rate
 is the median of its timed calls.
-Run: bash scripts/bench.sh engine_throughput [--ab-rounds 60 --rounds 4 --max-tokens 64 --times 3]
+Run: bash scripts/bench.sh engine_throughput [--ab-rounds 400 --rounds 4 --max-tokens 64 --times 3]
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--times", type=int, default=3, help="timed generate calls per engine")
-    parser.add_argument("--ab-rounds", type=int, default=60, help="rounds of the in-engine pair")
+    parser.add_argument("--ab-rounds", type=int, default=400, help="rounds of the in-engine pair")
     parser.add_argument("--pairs", default="in-engine,upstream")
     args = parser.parse_args()
     command = (
