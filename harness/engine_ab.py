@@ -46,12 +46,7 @@ def main() -> None:
     ids = [int(x) for x in args.ids.split(",")]
     llm = LLM(
         model=args.checkpoint,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        max_num_seqs=4,
-        seed=0,
+        **in_process.TINY_ENGINE,
         speculative_config={
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,

@@ -114,12 +114,7 @@ def main() -> None:
     deepseek_v2.DeepseekV2ForCausalLM.__init__ = init
     llm = LLM(
         model=args.checkpoint,
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        max_num_seqs=4,
-        seed=0,
+        **in_process.TINY_ENGINE,
     )
     llm.generate(
         [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False

@@ -1,4 +1,4 @@
-"""The environment a harness script needs to run vLLM's engine inside its own process on CPU.
+"""How a harness script runs vLLM's engine inside its own process on CPU: environment and engine size.
 
 Imported by scripts run by path (harness/model_states.py, forward_ab.py, engine_ab.py): their
 directory is on sys.path. Defaults only, so a test can still override any of them.
@@ -13,6 +13,17 @@ DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # 1 GiB of KV cache: enough for the tiny model
     "HF_HUB_OFFLINE": "1",  # the checkpoint is local
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: a hook can read the model
+}
+
+# The engine size for the tiny test checkpoint (harness/tiny_checkpoint.py): eager, float32, one
+# short prompt at a time; the A/B scripts' two sides share one such engine.
+TINY_ENGINE = {
+    "dtype": "float32",
+    "enforce_eager": True,
+    "max_model_len": 128,
+    "max_num_batched_tokens": 128,
+    "max_num_seqs": 4,
+    "seed": 0,
 }
 
 
