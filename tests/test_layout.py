@@ -63,6 +63,7 @@ def test_runtime_core_fixes_and_release_tooling_each_in_their_own_place() -> Non
     assert sorted(p.name for p in (package / "releases").glob("*.py")) == [
         "__init__.py",
         "classify.py",
+        "marked_block.py",
         "model_registry.py",
         "table.py",
         "wheels.py",
