@@ -47,9 +47,8 @@ AFFECTED = ("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0"
 AFFECTED += ("0.22.0", "0.22.1", "0.23.0", "0.24.0")
 RELEASES = (*AFFECTED, NEWEST)
 MODES = ("eager", "compile")
-# Engine-level rows: eager by default (tests/test_engine_e2e.py runs 0.24.0's default compilation
-# through the engine); --engine-modes eager,compile for both.
-ENGINE_MODES = ("eager",)
+# Engine-level rows (0.22.0 and later): eager and the release's default compile mode, as the model rows.
+ENGINE_MODES = ("eager", "compile")
 IDS = (1, 2, 4)  # on 4 layers: 4 is the final layer's output
 FINAL = 4
 EXTRA = ((4,), (2, 4))  # eager only: the start-up ValueError case and the silent-corruption case
