@@ -22,8 +22,6 @@ import time
 
 import in_process  # a sibling module: this script's directory is on sys.path
 
-PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -70,7 +68,7 @@ def main() -> None:
     def generate(name: str) -> tuple[float, list[int]]:
         cls.forward = counting(name, forwards[name])
         start = time.perf_counter()
-        out = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)
+        out = llm.generate([{"prompt_token_ids": in_process.PROMPT}], params, use_tqdm=False)
         seconds = time.perf_counter() - start
         tokens = list(out[0].outputs[0].token_ids)
         return len(tokens) / seconds, tokens

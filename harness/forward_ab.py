@@ -21,8 +21,6 @@ import time
 
 import in_process  # a sibling module: this script's directory is on sys.path
 
-PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
-
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
     q1, _, q3 = statistics.quantiles(values, n=4)
@@ -117,7 +115,9 @@ def main() -> None:
         **in_process.TINY_ENGINE,
     )
     llm.generate(
-        [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
+        [{"prompt_token_ids": in_process.PROMPT}],
+        SamplingParams(max_tokens=1, temperature=0.0),
+        use_tqdm=False,
     )
     import vllm
 
@@ -126,7 +126,7 @@ def main() -> None:
             {
                 "vllm": vllm.__version__,
                 "torch": str(torch.__version__),
-                "tokens": len(PROMPT),
+                "tokens": len(in_process.PROMPT),
                 "threads": torch.get_num_threads(),
                 "results": results,
             },

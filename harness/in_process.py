@@ -1,4 +1,4 @@
-"""How a harness script runs vLLM's engine inside its own process on CPU: environment and engine size.
+"""How a harness script runs vLLM's engine inside its own process on CPU: environment, engine, prompt.
 
 Imported by scripts run by path (harness/model_states.py, forward_ab.py, engine_ab.py): their
 directory is on sys.path. Defaults only, so a test can still override any of them.
@@ -14,6 +14,9 @@ DEFAULTS = {
     "HF_HUB_OFFLINE": "1",  # the checkpoint is local
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: a hook can read the model
 }
+
+# The 12-token prompt the in-process scripts prefill (token ids inside the tiny checkpoint's vocabulary).
+PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 
 # The engine size for the tiny test checkpoint (harness/tiny_checkpoint.py): eager, float32, one
 # short prompt at a time; the A/B scripts' two sides share one such engine.

@@ -24,8 +24,6 @@ import sys
 
 import in_process  # a sibling module: this script's directory is on sys.path
 
-PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
-
 
 def _parse_variants(text: str) -> list[tuple[int, ...]]:
     """'1,4;4;' -> [(1, 4), (4,), ()]"""
@@ -195,7 +193,9 @@ def main() -> None:
     logging.getLogger("vllm.compilation.decorators").addHandler(AotLog())
     llm = LLM(**llm_kwargs)
     llm.generate(
-        [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
+        [{"prompt_token_ids": in_process.PROMPT}],
+        SamplingParams(max_tokens=1, temperature=0.0),
+        use_tqdm=False,
     )
     forward = captured["forward"]
     marker = getattr(forward, "__vllm_hotfix__", None)
