@@ -13,13 +13,13 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.cpu_kernels import cpu_model, simd
 from vllm_hotfix.releases.marked_block import block_in, with_block
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,18 +65,14 @@ def ratio_text(stats: dict[str, float]) -> str:
 
 
 def machine() -> str:
-    """The machine in a few words: processor, cores, memory."""
-    model = platform.processor() or platform.machine()
+    """The machine in a few words: processor, cores, its SIMD flags, memory."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
-        model = names[0] if names else model
         with open("/proc/meminfo", encoding="utf-8") as handle:
             kib = int(next(line.split()[1] for line in handle if line.startswith("MemTotal")))
         memory = f", {kib / 2**20:.0f} GiB"
     except (OSError, ValueError, StopIteration):
         memory = ""
-    return f"{os.cpu_count()} cores of {model}{memory}"
+    return f"{os.cpu_count()} cores of {cpu_model()} ({simd()}){memory}"
 
 
 class Recorder:

