@@ -415,6 +415,7 @@ def install(wheels: Path, root: Path, base_python: str, lock: Path = LOCK) -> No
         check=True,
         capture_output=True,
         text=True,
+        cwd=tempfile.gettempdir(),  # the base Python's torch, whatever the working directory holds
     ).stdout.strip()
     (site / "_base_python_torch.pth").write_text(torch_dir + "\n")
     pip = [base_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile"]

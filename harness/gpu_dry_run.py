@@ -299,6 +299,7 @@ def check_report(report: dict, root: Path, base: str) -> list[str]:
         [base, "-c", "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))"],
         capture_output=True,
         text=True,
+        cwd=tempfile.gettempdir(),  # the base Python's torch, whatever the working directory holds
     ).stdout.strip()
     allowed = (
         str(root),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness.testenv import outside_checkout
 from harness.wheel import pip_install_wheel
 
 
@@ -21,6 +22,9 @@ def make_venv(root: Path, python: str = sys.executable, hook: bool = True) -> st
     venv_python = str(root / "bin" / "python")
     if hook:
         subprocess.run(
-            [venv_python, "-m", "vllm_hotfix", "install-sitecustomize"], check=True, capture_output=True
+            [venv_python, "-m", "vllm_hotfix", "install-sitecustomize"],
+            check=True,
+            capture_output=True,
+            cwd=outside_checkout(),  # the installed vllm_hotfix, not the checkout's
         )
     return venv_python

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import BUG, REPO, TestEnv
+from harness.testenv import BUG, REPO, TestEnv, outside_checkout
 from harness.wheel import pip_install_wheel
 
 CAPTURE_SITE = str(REPO / "harness" / "capture_site")
@@ -43,7 +43,10 @@ def make_site_venv(testenv: TestEnv, root: Path) -> str:
     pip_install_hotfix(testenv, site)
     python = str(root / "bin" / "python")
     done = subprocess.run(
-        [python, "-m", "vllm_hotfix", "install-sitecustomize"], capture_output=True, text=True
+        [python, "-m", "vllm_hotfix", "install-sitecustomize"],
+        capture_output=True,
+        text=True,
+        cwd=outside_checkout(),  # the installed vllm_hotfix, not the checkout's
     )
     assert done.returncode == 0 and str(site) in done.stdout, done.stderr
     return python

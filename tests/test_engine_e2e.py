@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from harness.testenv import BUG, FIXED, TestEnv
+from harness.testenv import BUG, FIXED, TestEnv, outside_checkout
 from harness.ways_in import Ways
 
 # One xdist worker: the tests share cached engine runs and the set-up of each way in.
@@ -114,7 +114,10 @@ def test_silent_corruption_case_gets_the_right_layer(engine) -> None:
 def test_site_hook_file_is_reported(ways: Ways) -> None:
     _, python, _ = ways.setup("site")
     done = subprocess.run(
-        [python, "-m", "vllm_hotfix", "status", "--no-probe"], capture_output=True, text=True
+        [python, "-m", "vllm_hotfix", "status", "--no-probe"],
+        capture_output=True,
+        text=True,
+        cwd=outside_checkout(),  # the site venv's vllm_hotfix, not the checkout's
     )
     assert "site hook: " in done.stdout and "vllm_hotfix_site_hook.pth" in done.stdout, done.stdout
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from harness import dist_checks
-from harness.testenv import REPO
+from harness.testenv import REPO, outside_checkout
 from harness.wheel import build_sdist, build_wheel, copy_source, hotfix_wheel
 
 BUILD_BUDGET_S = 60  # both builds together take a few seconds on 2 cores
@@ -136,6 +136,7 @@ def test_pip_install_of_the_wheel_pulls_wrapt(dists, tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=True,
+        cwd=outside_checkout(),
     ).stdout
     assert listed.strip() == "['vllm-hotfix', 'wrapt']"
     assert dist_checks.status_problems(python, tmp_path) == []

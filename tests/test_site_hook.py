@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.site_venvs import make_venv
+from harness.testenv import outside_checkout
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,14 @@ def hooked(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def run(python: str, code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([python, "-c", code], capture_output=True, text=True, env=env or None)
+    return hotfix_cli(python, "-c", code, **env)
+
+
+def hotfix_cli(python: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGS` outside the checkout, so the venv's installed vllm_hotfix is what runs."""
+    return subprocess.run(
+        [python, *args], capture_output=True, text=True, env=env or None, cwd=outside_checkout()
+    )
 
 
 def test_hook_arms_without_importing_anything_heavy(hooked: str) -> None:
@@ -42,15 +50,11 @@ def test_disable_makes_the_hook_import_nothing(hooked: str) -> None:
 
 def test_status_and_uninstall_remove_exactly_the_hook(tmp_path: Path) -> None:
     python = make_venv(tmp_path / "venv")
-    status = subprocess.run(
-        [python, "-m", "vllm_hotfix", "status", "--no-probe"], capture_output=True, text=True
-    )
+    status = hotfix_cli(python, "-m", "vllm_hotfix", "status", "--no-probe")
     assert "vllm_hotfix_site_hook.pth" in status.stdout and "vLLM: not installed" in status.stdout
     site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
     before = sorted(p.name for p in site.iterdir())
-    done = subprocess.run(
-        [python, "-m", "vllm_hotfix", "uninstall-sitecustomize"], capture_output=True, text=True
-    )
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "uninstall-sitecustomize")
     assert done.returncode == 0 and "removed" in done.stdout
     after = sorted(p.name for p in site.iterdir())
     assert sorted(set(before) - set(after)) == ["vllm_hotfix_site_hook.pth"]
@@ -61,9 +65,7 @@ def test_install_refuses_to_overwrite_a_foreign_file(tmp_path: Path) -> None:
     python = make_venv(tmp_path / "venv", hook=False)
     site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
     (site / "vllm_hotfix_site_hook.pth").write_text("# someone else's\n")
-    done = subprocess.run(
-        [python, "-m", "vllm_hotfix", "install-sitecustomize"], capture_output=True, text=True
-    )
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "install-sitecustomize")
     assert done.returncode != 0 and "not written by vllm-hotfix" in done.stderr
     assert (site / "vllm_hotfix_site_hook.pth").read_text() == "# someone else's\n"
 
