@@ -22,7 +22,7 @@ def make_venv(root: Path, python: str = sys.executable, hook: bool = True) -> st
     venv_python = str(root / "bin" / "python")
     if hook:
         subprocess.run(
-            [venv_python, "-m", "vllm_hotfix", "install-sitecustomize"],
+            [venv_python, "-m", "vllm_hotfix", "install-site-hook"],
             check=True,
             capture_output=True,
             cwd=outside_checkout(),  # the installed vllm_hotfix, not the checkout's

@@ -4,7 +4,7 @@
   per process outside the source tree, harness.wheel) into a directory on PYTHONPATH; nothing
   imports it but vLLM's plugin loader.
 - site: a venv layered on the test environment, the package installed in it and its site hook
-  written by `python -m vllm_hotfix install-sitecustomize`; VLLM_PLUGINS filters the plugin out.
+  written by `python -m vllm_hotfix install-site-hook`; VLLM_PLUGINS filters the plugin out.
 - import: the launch script does `import vllm_hotfix` at its top; no plugin, no site hook.
 - stock: none of them.
 """
@@ -43,7 +43,7 @@ def make_site_venv(testenv: TestEnv, root: Path) -> str:
     pip_install_hotfix(testenv, site)
     python = str(root / "bin" / "python")
     done = subprocess.run(
-        [python, "-m", "vllm_hotfix", "install-sitecustomize"],
+        [python, "-m", "vllm_hotfix", "install-site-hook"],
         capture_output=True,
         text=True,
         cwd=outside_checkout(),  # the installed vllm_hotfix, not the checkout's

@@ -54,18 +54,28 @@ def test_status_and_uninstall_remove_exactly_the_hook(tmp_path: Path) -> None:
     assert "vllm_hotfix_site_hook.pth" in status.stdout and "vLLM: not installed" in status.stdout
     site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
     before = sorted(p.name for p in site.iterdir())
-    done = hotfix_cli(python, "-m", "vllm_hotfix", "uninstall-sitecustomize")
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "uninstall-site-hook")
     assert done.returncode == 0 and "removed" in done.stdout
     after = sorted(p.name for p in site.iterdir())
     assert sorted(set(before) - set(after)) == ["vllm_hotfix_site_hook.pth"]
     assert run(python, "import sys; print('vllm_hotfix' in sys.modules)").stdout.strip() == "False"
 
 
+def test_the_old_command_names_still_work(tmp_path: Path) -> None:
+    """The commands were named after sitecustomize before they were named after what they write."""
+    python = make_venv(tmp_path / "venv", hook=False)
+    site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "install-sitecustomize")
+    assert done.returncode == 0 and (site / "vllm_hotfix_site_hook.pth").is_file(), done.stderr
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "uninstall-sitecustomize")
+    assert done.returncode == 0 and not (site / "vllm_hotfix_site_hook.pth").exists(), done.stderr
+
+
 def test_install_refuses_to_overwrite_a_foreign_file(tmp_path: Path) -> None:
     python = make_venv(tmp_path / "venv", hook=False)
     site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
     (site / "vllm_hotfix_site_hook.pth").write_text("# someone else's\n")
-    done = hotfix_cli(python, "-m", "vllm_hotfix", "install-sitecustomize")
+    done = hotfix_cli(python, "-m", "vllm_hotfix", "install-site-hook")
     assert done.returncode != 0 and "not written by vllm-hotfix" in done.stderr
     assert (site / "vllm_hotfix_site_hook.pth").read_text() == "# someone else's\n"
 

@@ -173,12 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     clean_cmd.set_defaults(run=_clean)
 
-    for name, run, verb in (
-        ("install-sitecustomize", _install, "write"),
-        ("uninstall-sitecustomize", _uninstall, "remove"),
+    # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
+    for name, old_name, run, verb in (
+        ("install-site-hook", "install-sitecustomize", _install, "write"),
+        ("uninstall-site-hook", "uninstall-sitecustomize", _uninstall, "remove"),
     ):
         sub = commands.add_parser(
-            name, help=f"{verb} the site hook that arms vllm-hotfix in every Python process"
+            name,
+            aliases=[old_name],
+            help=f"{verb} the site hook (a .pth file) that arms vllm-hotfix in every Python process"
+            f" ({old_name}: the old name of this command)",
         )
         sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
         sub.set_defaults(run=run)

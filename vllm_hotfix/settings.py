@@ -32,11 +32,6 @@ class Settings:
         return self.disable_all or fix_id in self.disabled_ids
 
 
-def disable_means_all(raw: str | None) -> bool:
-    """True when VLLM_HOTFIX_DISABLE turns every fix off (the cheap check the site hook uses)."""
-    return raw is not None and raw.strip().lower() in TRUE_WORDS - {""}
-
-
 def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None = None) -> Settings:
     """Parse VLLM_HOTFIX_DISABLE, VLLM_HOTFIX_STRICT and VLLM_HOTFIX_FORCE; never raises."""
     env = os.environ if environ is None else environ

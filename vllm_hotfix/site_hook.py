@@ -32,8 +32,7 @@ _CODE = (
     "  sys.stderr.write('vllm-hotfix: site hook skipped: %s: %s\\n' % (type(e).__name__, e))\n"
 )
 PTH_TEXT = (
-    f"{MARKER} {__version__}; remove with: vllm-hotfix uninstall-sitecustomize\n"
-    f"import os, sys; exec({_CODE!r})\n"
+    f"{MARKER} {__version__}; remove with: vllm-hotfix uninstall-site-hook\nimport os, sys; exec({_CODE!r})\n"
 )
 
 
