@@ -22,8 +22,13 @@ _LIBRARIES: list[object] = []  # the placeholder libraries, kept alive: a Librar
 
 def _register_missing_placeholder_ops() -> list[str]:
     import torch
-    import vllm._C  # noqa: F401  (registers the CPU build's own _C ops first)
     from vllm.compilation.passes.utility import fix_functionalization
+    from vllm.platforms import current_platform
+
+    # The CPU build's own _C ops first, from the library vLLM picks for this CPU (_C, _C_AVX512 or
+    # _C_AVX2): `import vllm._C` would load the AVX-512 BF16 build whatever the CPU, and an AVX2
+    # machine dies of an illegal instruction in it (measured: SIGILL in _C.abi3.so, AMD EPYC).
+    current_platform.import_kernels()
 
     referenced = set(re.findall(r"torch\.ops\._C\.(\w+)", Path(fix_functionalization.__file__).read_text()))
     missing = sorted(name for name in referenced if not hasattr(torch.ops._C, name))

