@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -234,6 +235,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                         "all_reduces": all_reduces[0] - before,
                     }
                 results.append(entry)
+        graphs = {}
+        if args.graph_variants:
+            from model_states import fx_op_counts  # this script's directory is on sys.path
+
+            extra = (None,) if takes_intermediate else ()
+            for variant in _parse_variants(args.graph_variants):
+                model.aux_hidden_state_layers = variant
+                graphs[variant] = {}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
+                        traced = functools.partial(function, model)
+                        graphs[variant][label] = fx_op_counts(traced, (ids, positions, *extra))
 
     status = None
     if args.hotfix:
@@ -256,6 +269,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             "fuse_final": getattr(model, "fuse_final_norm_allreduce", None),
             "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
             "status": status,
+            "graphs": graphs,
         },
         os.path.join(args.out, f"rank{rank}.pt"),
     )
@@ -268,6 +282,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--variants", default="1,2,3")
     parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument(
+        "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
+    )
     parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     args = parser.parse_args()
 

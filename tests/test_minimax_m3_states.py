@@ -40,6 +40,7 @@ VARIANTS = ["1,2,3", "1,4", "4", "2,4", "1,2,3,4", ""]
 # off by 2.4-2.9.
 TOLERANCE = 1e-5
 RELEASES = [BUG, NEWEST]
+GRAPH_VARIANTS = ["", "1,2", "1,4"]  # traced by Dynamo (fullgraph) on the newest release
 # vLLM 0.24.0's final norm does not reduce (no fuse_final_norm_allreduce): the final id is what that
 # norm reads, stock's value. With this all-dense model vLLM 0.24.0's own output is then a per-rank
 # partial at TP=2 (off by ~1.4, stock and patched alike: upstream's, not repaired here); MiniMax-M3's
@@ -60,6 +61,8 @@ def m3_runs(testenv, tmp_path_factory) -> dict[tuple[str, int], list[dict[str, A
         out = tmp_path_factory.mktemp(f"m3-{version}-tp{world}")
         args = [testenv.script("minimax_m3_states"), "--world", str(world), "--layers", str(LAYERS)]
         args += ["--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+        if version == NEWEST:
+            args += ["--graph-variants", ";".join(GRAPH_VARIANTS)]
         result = testenv.run(args, version=version, hotfix=True, timeout=600)
         assert result.returncode == 0, f"{version} TP={world}:\n{result.stderr[-6000:]}"
         return [torch.load(out / f"rank{r}.pt") for r in range(world)]
@@ -172,3 +175,24 @@ def test_one_all_reduce_per_requested_inner_id_none_for_the_final_none_at_tp1(m3
                 assert patched["all_reduces"] - stock["all_reduces"] == expected, (world, variant)
                 if world == 1:
                     assert patched["all_reduces"] == 0
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_patched_forward_traces_in_one_graph_with_only_the_captures_ops(m3_runs, world: int) -> None:
+    """vLLM compiles this forward with Dynamo: the patched one traces as one graph (fullgraph), and
+    differs from stock's only by the captures' all-reduces (each with its functional-collective
+    wait and copy-back, and the copy it reduces) and, with the final id, one `add` fewer (the state
+    is the final norm's own output)."""
+    collective = {"call_function:all_reduce", "call_function:wait_tensor", "call_method:copy_"}
+    for rank in m3_runs[NEWEST, world]:
+        graphs = rank["graphs"]
+        for variant in GRAPH_VARIANTS:
+            stock, patched = graphs[_ids(variant)]["stock"], graphs[_ids(variant)]["patched"]
+            diff = {k: patched.get(k, 0) - stock.get(k, 0) for k in {*stock, *patched}}
+            diff = {k: v for k, v in diff.items() if v}
+            inner = len([layer for layer in _ids(variant) if layer != LAYERS]) if world == 2 else 0
+            expected = {k: inner for k in collective | {"call_method:clone"}} if inner else {}
+            if LAYERS in _ids(variant):
+                expected["call_function:add"] = -1
+            diff.pop("call_function:getitem", None)  # tuple unpacking of the norm's second output
+            assert diff == expected, (world, variant)
