@@ -18,10 +18,15 @@ The fix, derived from the installed source:
   decoder layer, which reduces its input under exactly the same condition. At TP = 1 the condition
   is False when traced: the graph is stock's, with no collective. `.clone()`: some communicators
   (vLLM's CPU one) reduce in place, and the un-reduced value must still reach the next layer.
-- The loop's capture block, with `idx` replaced by `self.end_layer`, is inserted just before the
-  final norm statement, after the non-last-pipeline-rank return: the final layer's output is
-  captured as upstream captures it for DeepseekV2Model, and on the sequence-parallel path it joins
-  the packed all-gather with the other states.
+- Where the layer takes a pre-normed input (nvidia 0.29+: `layer(positions, hidden_states, residual,
+  attn_in)`, its shape confirmed in the module's DeepseekV32DecoderLayer.forward), the capture at
+  TP > 1 (not sequence-parallel, not the first layer) runs the layer's own fused input norm in the
+  loop, keeps a copy of its residual output as the state and passes (that sum, None, attn_in=normed)
+  to the layer, which then makes no norm call of its own: no collective added, the same values.
+- The final layer's state is the final fused norm's second output (`hidden_states, final_state =
+  fused_allreduce_rms_norm(...)`), appended after it: no collective. On the sequence-parallel branch
+  (already reduced there) the loop's capture block, for `self.end_layer`, is inserted before the
+  norm statement, after the non-last-pipeline-rank return, so it joins the packed all-gather.
 """
 
 from __future__ import annotations
