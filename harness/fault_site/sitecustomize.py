@@ -13,7 +13,10 @@ import os
 FAULT = os.environ.get("VLLM_HOTFIX_TEST_FAULT")
 
 if FAULT:
-    FAULT_RANK, FAULT_INDEX, FAULT_KIND = (FAULT.split(":") + ["0", "shift"])[:3]
+    _parts = FAULT.split(":")
+    FAULT_RANK = _parts[0]
+    FAULT_INDEX = _parts[1] if len(_parts) > 1 else "0"
+    FAULT_KIND = _parts[2] if len(_parts) > 2 else "shift"
     import wrapt
 
     def _plant(module) -> None:
