@@ -96,8 +96,10 @@ def probe(cls: type, module: types.ModuleType) -> str | None:
 
 
 def _final_norm_note(inner: Any) -> tuple[Any, str]:
-    """The model's final norm as a function of the pre-norm sum, when its forward returns the
-    output of `self.norm(...)` (its last assignment to hidden_states); else None and why not."""
+    """The model's final norm as a function of the pre-norm sum, when its forward's last assignment
+    to hidden_states is `self.norm(...)`, or a fused op given `self.norm` (DeepseekV32's
+    fused_allreduce_rms_norm); else None and why not. The norm's own eager `forward_native` runs on
+    a copy of the state, outside any compiled graph: nothing compiled changes."""
     norm = getattr(inner, "norm", None)
     native = getattr(norm, "forward_native", None)
     name = type(inner).__name__
@@ -115,7 +117,10 @@ def _final_norm_note(inner: Any) -> tuple[Any, str]:
                 if any(isinstance(n, ast.Name) and n.id == "hidden_states" for n in names):
                     if last is None or node.lineno > last.lineno:
                         last = node
-    if last is None or not isinstance(last.value, ast.Call) or ast.unparse(last.value.func) != "self.norm":
+    call = last.value if last is not None and isinstance(last.value, ast.Call) else None
+    direct = call is not None and ast.unparse(call.func) == "self.norm"
+    fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
+    if not (direct or fused):
         return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
 
     def final_norm(state: Any) -> Any:
