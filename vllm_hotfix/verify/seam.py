@@ -56,6 +56,7 @@ _hooked = False
 _window: Window | None = None
 _finished = False
 _installed: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # class: (original, ours)
+probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
 
 
 def probe(cls: type, module: types.ModuleType) -> str | None:
@@ -298,6 +299,7 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
         if not isinstance(cls, type):
             return
         why = probe(cls, module)
+        probed[f"{module.__name__}.{class_name}"] = why
         if why is not None:
             logger.warning(
                 "vllm-hotfix verify pid=%d verdict=UNKNOWN (the seam is not recognised: %s); a process"
