@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from harness.testenv import BUG, REPO, TestEnv
+from harness.verify_lines import verdict_of, verify_lines
 from harness.ways_in import install_plugin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("verify")]
 
 FAULT_SITE = str(REPO / "harness" / "fault_site")
-LINE = re.compile(r"vllm-hotfix verify pid=(\d+) rank=(\d+)/(\d+) .* verdict=(\w+)")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
                 "stdout": done.stdout,
                 "log": done.stdout + done.stderr,
                 "reports": sorted(reports, key=lambda r: r["rank"]),
-                "lines": LINE.findall(done.stdout + done.stderr),
+                "lines": verify_lines(done.stdout + done.stderr),
             }
         return cache[key]
 
@@ -70,9 +70,13 @@ def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
         assert report["final"]["ok"] is True and report["count"]["ok"] and report["finite"]["ok"]
         assert report["removed_after_window"] is True  # vLLM's own execute_model is back
         assert report["seam"] == "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
-    pids = {str(r["pid"]) for r in run["reports"]}
-    lines = [line for line in run["lines"] if line[0] in pids]
-    assert sorted((line[1], line[2], line[3]) for line in lines) == [("0", "2", "PASS"), ("1", "2", "PASS")]
+    pids = {r["pid"] for r in run["reports"]}
+    lines = [line for line in run["lines"] if line["pid"] in pids]
+    assert sorted((line["rank"], line["world"], line["verdict"]) for line in lines) == [
+        (0, 2, "PASS"),
+        (1, 2, "PASS"),
+    ]
+    assert verdict_of(run["log"], world=2) == "PASS"
     assert "verdict: PASS" in run["stdout"]
 
 
@@ -87,7 +91,7 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
         assert report["count"]["ok"] and report["finite"]["ok"] and report["final"]["ok"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")
     assert re.search(r"rank=0/2 .* ranks-agree=no \(max rel diff 0\.\d+ at id 1", run["log"]), _describe(run)
-    assert "verdict: FAIL" in run["stdout"]
+    assert "verdict: FAIL" in run["stdout"] and verdict_of(run["log"], world=2) == "FAIL"
 
 
 def test_tp2_fix_off_with_the_final_id_fails_the_count(verify) -> None:

@@ -110,3 +110,21 @@ def test_each_check_of_a_step_can_fail() -> None:
     wrong_final = check_step([states[0], states[1], states[0]], hidden, [1, 2, 4], 5, 16, None, 2, norm)
     assert wrong_final.final_ok is False and wrong_final.final_rel_diff > 0.1 and not wrong_final.ok
     assert all(torch.equal(a, b) for a, b in zip(states, [s.clone() for s in states], strict=True))
+
+
+def test_the_gpu_checks_read_the_verdict_lines() -> None:
+    from benchmarks.gpu_check import Report, check_verify
+    from harness.verify_lines import verdict_of
+
+    passed = (
+        "(Worker pid=7) INFO 12-01 [seam.py:1] vllm-hotfix verify pid=7 rank=0/1 model=M ids=[1,2,4] steps=8"
+    )
+    passed += " count=ok ranks-agree=ok (max rel diff 0; tolerance 2e-02) finite=ok final=ok verdict=PASS"
+    failed = passed.replace("count=ok", "count=FAIL (2 state(s) for 3 id(s))").replace("=PASS", "=FAIL")
+    assert verdict_of(passed) == "PASS" and verdict_of(failed) == "FAIL"
+    assert verdict_of(passed, world=2).startswith("no verdict from every rank")
+    report = Report()
+    check_verify(report, {"a": {"log": passed}, "b": {"log": failed}}, {"a": "PASS", "b": "FAIL"})
+    assert report.failed == 0
+    check_verify(report, {"a": {"log": "no line"}, "b": {"log": passed}}, {"a": "PASS", "b": "FAIL"})
+    assert report.failed == 2

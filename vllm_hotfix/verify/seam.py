@@ -8,6 +8,8 @@ unpacks `hidden_states, aux_hidden_states = model_output` and keeps both in a ne
 function put in place of `execute_model` reads the states right after it returns, outside any
 compiled graph or CUDA graph, before any consumer (EAGLE3 draft or extract_hidden_states) runs;
 it reads the real token count from the same state (`scheduler_output` in V1, `input_batch` in V2).
+V2 also runs its dummy steps (profiling, warm-up) through `execute_model(dummy_run=True)`: those
+are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method.
 Whether a loaded runner has that shape is probed from its source when its module is imported;
 anything else is `unknown` and nothing is installed.
 
@@ -269,13 +271,26 @@ def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> No
         _finish()
 
 
+def _dummy_position(original: types.FunctionType) -> int | None:
+    """Where V2's `dummy_run` parameter sits among the positional arguments after self, if any."""
+    names = list(inspect.signature(inspect.unwrap(original)).parameters)[1:]
+    return names.index("dummy_run") if "dummy_run" in names else None
+
+
 def _wrap(cls: type, module: types.ModuleType, original: types.FunctionType) -> types.FunctionType:
+    dummy_at = _dummy_position(original)
+
     @functools.wraps(original)
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = getattr(self, "execute_model_state", None)
         output = original(self, *args, **kwargs)
         state = getattr(self, "execute_model_state", None)
-        if state is not None and state is not before:
+        # V2's own warm-up, profile and capture runs go through execute_model(dummy_run=True):
+        # not a step of the user's, and every rank makes the same ones, so none is checked.
+        dummy = kwargs.get(
+            "dummy_run", args[dummy_at] if dummy_at is not None and len(args) > dummy_at else False
+        )
+        if state is not None and state is not before and not dummy:
             try:
                 _observe(self, state, cls, module)
             except VerifyError:
