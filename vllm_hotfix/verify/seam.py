@@ -30,6 +30,7 @@ import sys
 import textwrap
 import threading
 import types
+from collections.abc import Sequence
 from typing import Any
 
 from vllm_hotfix import _arming
@@ -75,9 +76,20 @@ def probe(cls: type, module: types.ModuleType) -> str | None:
     if function.__code__.co_filename != getattr(module, "__file__", None):
         return f"{where} is not defined in its module's file (replaced by another plugin?)"
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    except (OSError, TypeError, SyntaxError) as error:
+        source = inspect.getsource(function)
+    except (OSError, TypeError) as error:
         return f"{where}: source not readable ({error})"
+    fields = getattr(getattr(module, "ExecuteModelState", None), "_fields", ())
+    return probe_source(source, fields, where)
+
+
+def probe_source(source: str, fields: Sequence[str], where: str = "execute_model") -> str | None:
+    """The seam's shape, from `execute_model`'s source and ExecuteModelState's fields: None when it
+    is there; else why not. The release tooling's test runs it on every published release."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError as error:
+        return f"{where}: source not parsable ({error})"
     if not contains_code(tree, UNPACK):
         return f"{where} does not unpack `{UNPACK}`"
     stores = [
@@ -90,11 +102,10 @@ def probe(cls: type, module: types.ModuleType) -> str | None:
     ]
     if not stores:
         return f"{where} does not keep an ExecuteModelState in self.execute_model_state"
-    fields = getattr(getattr(module, "ExecuteModelState", None), "_fields", ())
     if not {"hidden_states", "aux_hidden_states"} <= set(fields):
-        return f"{module.__name__}.ExecuteModelState has no hidden_states/aux_hidden_states fields"
+        return "ExecuteModelState has no hidden_states/aux_hidden_states fields"
     if not any(name in fields for name, _ in TOKEN_SOURCES):
-        return f"{module.__name__}.ExecuteModelState carries no token count (scheduler_output, input_batch)"
+        return "ExecuteModelState carries no token count (scheduler_output, input_batch)"
     return None
 
 
