@@ -30,6 +30,7 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,6 +60,7 @@ _hooked = False
 _window: Window | None = None
 _finished = False
 _installed: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # class: (original, ours)
+_steps: weakref.WeakKeyDictionary[Any, _Step] = weakref.WeakKeyDictionary()  # per runner, nothing set on it
 probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
 
 
@@ -269,10 +271,9 @@ def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> No
                 " (no EAGLE3 draft, no extract_hidden_states)"
             )
         return
-    step = getattr(runner, "_vllm_hotfix_verify_step", None)
+    step = _steps.get(runner)
     if step is None:
-        step = _Step(runner, cls, module)
-        runner._vllm_hotfix_verify_step = step
+        step = _steps[runner] = _Step(runner, cls, module)
         window.context = step.context
         atexit.register(_at_exit)
         if not step.ids:
