@@ -94,6 +94,19 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
     assert "verdict: FAIL" in run["stdout"] and verdict_of(run["log"], world=2) == "FAIL"
 
 
+def test_tp2_one_rank_short_of_a_state_fails_on_both_ranks_without_a_hang(verify) -> None:
+    """Rank 1 alone returns one state too few: both ranks still enter the same exchange (rank 1
+    sends NaN for the missing state), both end the window at that step, and both name rank 1."""
+    run = verify(2, VLLM_HOTFIX_TEST_FAULT="1:-1:drop")
+    assert run["code"] == 1, _describe(run)
+    rank0, rank1 = run["reports"]
+    assert rank0["verdict"] == rank1["verdict"] == "FAIL", _describe(run)
+    assert rank0["failed_ranks"] == rank1["failed_ranks"] == [1]
+    assert rank0["count"]["ok"] and rank0["steps"] == rank1["steps"] == 1
+    assert rank1["count"] == {"ok": False, "detail": "2 state(s) for 3 id(s)"}
+    assert rank0["ranks_agree"]["ok"]  # the states both ranks hold still agree
+
+
 def test_tp2_fix_off_with_the_final_id_fails_the_count(verify) -> None:
     run = verify(2, VLLM_HOTFIX_DISABLE="deepseek-final-aux")
     assert run["code"] == 1, _describe(run)

@@ -3,9 +3,11 @@
 Put this directory on PYTHONPATH and set VLLM_HOTFIX_TEST_FAULT=RANK[:INDEX[:nan]]: in the worker of
 that TP rank, DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile)
 changes the aux state at INDEX (default 0; -1 the last) that it returns, in place, before the runner
-receives it: it adds 0.5 times each token's root mean square, or with `nan` writes one NaN. Only
+receives it: it adds 0.5 times each token's root mean square, with `nan` writes one NaN, with
+`drop` removes that state from the list (this rank alone then returns one state too few). Only
 tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/verify) must then
-fail: ranks disagree (at TP > 1), the final id (INDEX -1 on the final id), or finite (nan).
+fail: ranks disagree (at TP > 1), the final id (INDEX -1 on the final id), finite (nan), or the
+count on that rank only (drop).
 """
 
 import os
@@ -28,6 +30,9 @@ if FAULT:
             from vllm.distributed.parallel_state import get_tp_group
 
             if isinstance(out, tuple) and out[1] and get_tp_group().rank_in_group == int(FAULT_RANK):
+                if FAULT_KIND == "drop":
+                    out[1].pop(int(FAULT_INDEX))
+                    return out
                 state = out[1][int(FAULT_INDEX)]
                 if FAULT_KIND == "nan":
                     state[0, 0] = float("nan")
