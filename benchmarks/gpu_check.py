@@ -27,13 +27,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 IDS = "1,2,4"  # 4 = num_hidden_layers: the final layer
-GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": "", "VLLM_HOTFIX_ORACLE": "1"}
+# VLLM_HOTFIX_VERIFY: every run with the hotfix also runs the in-worker check (its verdict lines).
+GPU = {
+    "VLLM_MLA_DISABLE": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "",
+    "VLLM_HOTFIX_ORACLE": "1",
+    "VLLM_HOTFIX_VERIFY": "1",
+}
 BUG_LABEL, PATCHED, WARM, UPSTREAM = (
     "0.24.0, deepseek fix off",
     "0.24.0 + hotfix (plugin)",
     "0.24.0 + hotfix, warm",
     "0.25.0",
 )
+# What the in-worker check must say on each run with the hotfix: the bug's missing state is a count
+# failure; the fixed runs pass every check, the final id's included.
+VERIFY_EXPECTED = {BUG_LABEL: "FAIL", PATCHED: "PASS", WARM: "PASS"}
 
 
 class Report:
@@ -168,6 +177,21 @@ def compare(runs: dict[str, dict]) -> Report:
     return report
 
 
+def check_verify(report: Report, runs: dict[str, dict], expected: dict[str, str]) -> None:
+    """The in-worker check's verdict per run, as its log lines say (harness/verify_lines)."""
+    from harness.verify_lines import verdict_of, verify_lines
+
+    for label, wanted in expected.items():
+        log = runs[label]["log"]
+        found = verdict_of(log)
+        lines = verify_lines(log)
+        report.check(
+            found == wanted,
+            f"{label}: the in-worker check says {wanted}",
+            lines[0]["line"][:300] if lines else found,
+        )
+
+
 def _compile_lines(log: str) -> str:
     """What vLLM said about its compile caches and CUDA graphs (to read, not a check)."""
     keys = (
@@ -215,6 +239,7 @@ def main() -> int:
         (logs / f"v2-run{len(runs)}.log").write_text(run["log"])
         runs[label] = run
     report = compare(runs)
+    check_verify(report, runs, VERIFY_EXPECTED)
     print(f"engine logs in {logs}; {report.failed} check(s) failed")
     return 1 if report.failed else 0
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_check import Report, _compile_lines, _diff
+from benchmarks.gpu_check import Report, _compile_lines, _diff, check_verify
 
 VERSION = "0.26.0"
 FIX = "deepseek-v32-final-aux-nvidia"
@@ -45,12 +45,21 @@ ARGS = [
     "--model-class-override",
     "DeepseekV32ForCausalLM=vllm.models.deepseek_v32.nvidia.model:DeepseekV32ForCausalLM",
 ]
-GPU = {"VLLM_MLA_DISABLE": "0", "VLLM_CPU_KVCACHE_SPACE": "", "VLLM_HOTFIX_ORACLE": "1"}
+# VLLM_HOTFIX_VERIFY: every run also runs the in-worker check (the plugin is in every run).
+GPU = {
+    "VLLM_MLA_DISABLE": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "",
+    "VLLM_HOTFIX_ORACLE": "1",
+    "VLLM_HOTFIX_VERIFY": "1",
+}
 STOCK_BUG, STOCK, PATCHED = (
     f"{VERSION} stock, ids [{IDS}]",
     f"{VERSION} stock, ids [{INNER}]",
     f"{VERSION} + hotfix, ids [{IDS}]",
 )
+# At TP=1 stock's in-loop states are right (no partial sums on one rank): only the missing final
+# state fails, as a count failure.
+VERIFY_EXPECTED = {STOCK_BUG: "FAIL", STOCK: "PASS", PATCHED: "PASS"}
 
 
 def compare(runs: dict[str, dict]) -> Report:
@@ -165,6 +174,7 @@ def main() -> int:
         (logs / f"v32-run{len(runs)}.log").write_text(run["log"])
         runs[label] = run
     report = compare(runs)
+    check_verify(report, runs, VERIFY_EXPECTED)
     print(f"engine logs in {logs}; {report.failed} check(s) failed")
     return 1 if report.failed else 0
 

@@ -27,7 +27,7 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 # The table's order, and the command that measures each benchmark (scripts/bench.sh NAME).
-BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost")
+BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost", "verify_cost")
 
 
 @dataclass(frozen=True)

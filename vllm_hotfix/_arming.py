@@ -51,11 +51,27 @@ class _VllmImportTrigger:
         pass
 
 
+def _verify_requested() -> bool:
+    """VLLM_HOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
+    return os.environ.get("VLLM_HOTFIX_VERIFY", "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+        "none",
+    )
+
+
 def _arm_engine() -> None:
     try:
         from vllm_hotfix import engine
 
         engine.arm()
+        if _verify_requested():
+            from vllm_hotfix.verify import seam
+
+            seam.arm()
     except Exception as error:  # a broken install must not break the host, unless strict
         if strict_requested():
             raise

@@ -1,5 +1,6 @@
-"""`vllm-hotfix` / `python -m vllm_hotfix`: status, the site hook's install and removal, the cleaning
-of generated sources, and the classification of every published release."""
+"""`vllm-hotfix` / `python -m vllm_hotfix`: status, the check of a model's aux states (verify), the
+site hook's install and removal, the cleaning of generated sources, and the classification of every
+published release."""
 
 from __future__ import annotations
 
@@ -172,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="list what would be removed; remove nothing"
     )
     clean_cmd.set_defaults(run=_clean)
+
+    from vllm_hotfix.verify import command as verify_command
+
+    verify_command.add_parser(commands)
 
     # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
     for name, old_name, run, verb in (

