@@ -391,18 +391,9 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     args = parser.parse_args()
 
-    import socket
+    from tp_ranks import run_ranks  # this script's directory is on sys.path
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    os.makedirs(args.out, exist_ok=True)
-    if args.world == 1:
-        worker(0, 1, port, args)
-    else:
-        mp.start_processes(worker, args=(args.world, port, args), nprocs=args.world, start_method="spawn")
+    run_ranks(worker, args)
     sys.exit(0)
 
 
