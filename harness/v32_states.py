@@ -100,6 +100,16 @@ def _stand_in_attention() -> type:
 EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 64, 2
 
 
+def model_module_with_stand_in(vendor: str) -> object:
+    """The vendor's model module, its DSA attention (CUDA-only) replaced by the stand-in."""
+    module = import_model_module(vendor)
+    stand_in = _stand_in_attention()
+    for attention in ("DeepseekV32Attention", "DeepseekV32MLAAttention"):
+        if attention in vars(module):
+            setattr(module, attention, stand_in)
+    return module
+
+
 def _hf_config(layers: int, moe: bool = False) -> object:
     from transformers import DeepseekV3Config
 
@@ -255,11 +265,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.forward_context import set_forward_context
 
-    module = import_model_module(args.vendor)
-    stand_in = _stand_in_attention()
-    for attention in ("DeepseekV32Attention", "DeepseekV32MLAAttention"):
-        if attention in vars(module):
-            setattr(module, attention, stand_in)
+    module = model_module_with_stand_in(args.vendor)
 
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)

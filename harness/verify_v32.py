@@ -34,11 +34,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     from vllm_hotfix.verify.checks import check_step
     from vllm_hotfix.verify.seam import _final_norm_note
 
-    module = v32_states.import_model_module(args.vendor)
-    stand_in = v32_states._stand_in_attention()
-    for attention in ("DeepseekV32Attention", "DeepseekV32MLAAttention"):
-        if attention in vars(module):
-            setattr(module, attention, stand_in)
+    module = v32_states.model_module_with_stand_in(args.vendor)
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
     vllm_config = VllmConfig()
