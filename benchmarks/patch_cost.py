@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, samples in steps.items():
         print(f"    {key:10s} {ms(samples)}")
     if fix.fix_id != DEFAULT_FIX:
-        print(f"not recorded: the README's table shows {DEFAULT_FIX} (benchmarks/results/patch_cost.json)")
+        print(f"not recorded: the benchmark table shows {DEFAULT_FIX} (benchmarks/results/patch_cost.json)")
         return 0
     total = summary(whole)
     parts = {key: statistics.median(samples) for key, samples in steps.items()}

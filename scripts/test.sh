@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_DIR=$(bash scripts/build-test-env.sh --all | tail -n 1)
-# Network tests fail, not skip, when PyPI cannot be reached (CI must check the README's table);
+# Network tests fail, not skip, when PyPI cannot be reached (CI must check the compatibility table);
 # offline: VLLM_HOTFIX_REQUIRE_NETWORK=0 bash scripts/test.sh
 export VLLM_HOTFIX_TEST_ENV="$ENV_DIR" VLLM_HOTFIX_REQUIRE_ENV=1
 export VLLM_HOTFIX_REQUIRE_NETWORK="${VLLM_HOTFIX_REQUIRE_NETWORK-1}"

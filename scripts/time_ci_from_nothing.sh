@@ -2,8 +2,8 @@
 # Time CI's job as a new machine would run it: a fresh clone of this checkout's HEAD, the test
 # environment built from nothing (an empty directory, no pip cache), then `.ci/run`'s command with
 # pytest's 60 slowest durations. Every output line is time-stamped; the last line gives the total.
-# The README's "How long it takes" figures come from this script. About 50 min and 18 GB of disk
-# (the environment is removed at the end; KEEP=1 keeps it). Usage: bash scripts/time_ci_from_nothing.sh
+# The figures in docs/development.md ("CI and how long it takes") come from this script. About 50 min
+# and 18 GB of disk (the environment is removed at the end; KEEP=1 keeps it). Usage: bash scripts/time_ci_from_nothing.sh
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d /tmp/vllm-hotfix-ci-XXXXXX)"

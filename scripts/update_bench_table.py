@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Regenerate README.md's benchmark table from benchmarks/results/*.json (written by the benchmarks)
-and its release-matrix table from benchmarks/results/matrix/*.json (written by scripts/matrix.sh).
+"""Regenerate docs/verification.md's benchmark table from benchmarks/results/*.json (written by the
+benchmarks) and its release-matrix table from benchmarks/results/matrix/*.json (scripts/matrix.sh).
 
 Only the text between `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->`, and between
 `<!-- matrix:start -->` and `<!-- matrix:end -->`, is replaced. `--check` writes nothing and exits 1
@@ -22,15 +22,15 @@ from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "verification.md", help="the marked file")
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if out of date")
     args = parser.parse_args(argv)
-    readme = args.readme.read_text(encoding="utf-8")
-    updated = bench_results.with_table(readme, bench_results.render())
+    text = args.doc.read_text(encoding="utf-8")
+    updated = bench_results.with_table(text, bench_results.render())
     updated = bench_results.with_table(updated, matrix.render(), matrix.MATRIX_START, matrix.MATRIX_END)
     return write_or_check(
-        args.readme,
-        readme,
+        args.doc,
+        text,
         updated,
         what="the benchmark and matrix tables",
         check=args.check,

@@ -1,8 +1,8 @@
-"""The README's benchmark table is made from the files the benchmarks write, and from nothing else.
+"""docs/verification.md's benchmark table is made from the files the benchmarks write, and from nothing else.
 
 A benchmark prints its figures and writes them to benchmarks/results/NAME.json
 (harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files.
-These tests fail when a figure in the README was edited by hand or a result file is incomplete.
+These tests fail when a figure in that file was edited by hand or a result file is incomplete.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import pytest
 from harness import bench_results, matrix
 from harness.bench_results import BENCHMARKS, RESULTS_DIR, Recorder, Row, median_ci, render, table_in
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+VERIFICATION = Path(__file__).resolve().parent.parent / "docs" / "verification.md"
 
 
-def test_readme_table_is_the_one_the_result_files_give() -> None:
-    assert table_in(README.read_text(encoding="utf-8")) == render(), (
-        "README.md's benchmark table differs from benchmarks/results/:"
+def test_documented_table_is_the_one_the_result_files_give() -> None:
+    assert table_in(VERIFICATION.read_text(encoding="utf-8")) == render(), (
+        "docs/verification.md's benchmark table differs from benchmarks/results/:"
         " run `python scripts/update_bench_table.py`"
     )
 
 
-def test_readme_matrix_is_the_one_the_row_files_give() -> None:
-    readme = README.read_text(encoding="utf-8")
-    assert table_in(readme, matrix.MATRIX_START, matrix.MATRIX_END) == matrix.render(), (
-        "README.md's release matrix differs from benchmarks/results/matrix/:"
+def test_documented_matrix_is_the_one_the_row_files_give() -> None:
+    text = VERIFICATION.read_text(encoding="utf-8")
+    assert table_in(text, matrix.MATRIX_START, matrix.MATRIX_END) == matrix.render(), (
+        "docs/verification.md's release matrix differs from benchmarks/results/matrix/:"
         " run `python scripts/update_bench_table.py`"
     )
 
@@ -80,7 +80,7 @@ def test_median_interval_is_the_order_statistics_interval() -> None:
     assert stats["median"] == 3.0 and stats["ci_low"] <= 3.0 <= stats["ci_high"]
 
 
-def test_table_replacement_keeps_the_rest_of_the_readme() -> None:
+def test_table_replacement_keeps_the_rest_of_the_file() -> None:
     readme = f"before\n{bench_results.START}\nold\n{bench_results.END}\nafter\n"
     updated = bench_results.with_table(readme, "new\n")
     assert updated == f"before\n{bench_results.START}\nnew\n{bench_results.END}\nafter\n"

@@ -1,4 +1,5 @@
-"""The generated-block helper behind the README's three tables (compatibility, benchmarks, matrix)."""
+"""The generated-block helper behind the three tables of docs/verification.md (compatibility, benchmarks,
+matrix)."""
 
 from __future__ import annotations
 

