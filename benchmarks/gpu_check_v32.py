@@ -1,12 +1,15 @@
-"""GPU check of `deepseek-v32-final-aux-nvidia` (DeepseekV32Model) on one GPU, TP=1: vllm 0.26.0 (the newest
-vllm whose torch pin is the GPU machine's torch 2.11.0), its `vllm/models/deepseek_v32/nvidia/model.py`
-with the real DSA attention (sparse MLA through FlashMLA, the lightning indexer through DeepGEMM, an
-fp8_ds_mla KV cache: the only DSA path on SM90), vLLM's default compilation and CUDA graph settings,
-extract_hidden_states with the final layer, on a tiny random DeepSeek V3.2 checkpoint.
+"""GPU check of `deepseek-v32-final-aux-nvidia` (DeepseekV32Model) on one GPU, TP=1, on a chosen vllm
+release (`--release`): 0.26.0 (the newest vllm on torch 2.11.0: the offline bundle's and the online
+environment's) or 0.32.0 (torch 2.13.0: the online environment only, harness/gpu_env.py). Its
+`vllm/models/deepseek_v32/nvidia/model.py` with the real DSA attention (sparse MLA through FlashMLA,
+the lightning indexer through DeepGEMM, an fp8_ds_mla KV cache: the only DSA path on SM90), vLLM's
+default compilation and CUDA graph settings, extract_hidden_states with the final layer, on a tiny
+random DeepSeek V3.2 checkpoint.
 
 In vLLM 0.25.0-0.28.x the architecture DeepseekV32ForCausalLM resolves to deepseek_v2's model by
 default (registry.py), and the nvidia file is reached through `model_class_overrides`, which this
-check sets; from 0.29.0 the registry resolves it to that file.
+check sets; from 0.29.0 vLLM's registry resolves it to that file on CUDA, and the check sets no
+override: it checks that the backbone the engine built is the nvidia file's.
 
 Runs (fresh engines, the hotfix as a plugin in each): stock with the final layer (fix disabled by
 VLLM_HOTFIX_DISABLE: the bug), stock without it (ids [1,2]: the reference for every step), patched
@@ -14,7 +17,8 @@ with it (ids [1,2,4]). Oracles, per proposer call (the prefill runs eagerly betw
 segments, decode steps replay CUDA graphs):
 - in-loop states (ids 1, 2) equal stock's bit for bit (at TP=1 the fix changes nothing else);
 - the final state equals `hidden_states + residual` at the input of the model's final norm (a forward
-  pre-hook on that norm, in the same process and step; harness/capture_site);
+  pre-hook on that norm, in the same process and step; harness/capture_site): on every release the
+  fix takes it from the final fused norm's second output;
 - the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
   stock's.
 Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
@@ -32,16 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_check import Report, _compile_lines, _diff, check_verify
 
-VERSION = "0.26.0"
+RELEASES = ("0.26.0", "0.32.0")  # on torch 2.11.0 (bundle or online), on torch 2.13.0 (online)
+REGISTRY_DEFAULT = (0, 29, 0)  # from here vLLM's registry picks the nvidia file on CUDA
 FIX = "deepseek-v32-final-aux-nvidia"
+BACKBONE = "vllm.models.deepseek_v32.nvidia.model.DeepseekV32Model"
 IDS, INNER = "1,2,4", "1,2"
-ARGS = [
-    "--dtype",
-    "bfloat16",
-    "--kv-cache-dtype",
-    "fp8_ds_mla",
-    "--tokenizer-mode",
-    "hf",
+ARGS = ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8_ds_mla", "--tokenizer-mode", "hf"]
+OVERRIDE = [
     "--model-class-override",
     "DeepseekV32ForCausalLM=vllm.models.deepseek_v32.nvidia.model:DeepseekV32ForCausalLM",
 ]
@@ -52,14 +53,16 @@ GPU = {
     "VLLM_HOTFIX_ORACLE": "1",
     "VLLM_HOTFIX_VERIFY": "1",
 }
-STOCK_BUG, STOCK, PATCHED = (
-    f"{VERSION} stock, ids [{IDS}]",
-    f"{VERSION} stock, ids [{INNER}]",
-    f"{VERSION} + hotfix, ids [{IDS}]",
-)
+STOCK_BUG, STOCK, PATCHED = f"stock, ids [{IDS}]", f"stock, ids [{INNER}]", f"hotfix, ids [{IDS}]"
 # At TP=1 stock's in-loop states are right (no partial sums on one rank): only the missing final
 # state fails, as a count failure.
 VERIFY_EXPECTED = {STOCK_BUG: "FAIL", STOCK: "PASS", PATCHED: "PASS"}
+
+
+def engine_args(release: str) -> list[str]:
+    """The engine's arguments on `release`: the override only where the registry does not pick the file."""
+    numbers = tuple(int(part) for part in release.split(".")[:3])
+    return ARGS if numbers >= REGISTRY_DEFAULT else [*ARGS, *OVERRIDE]
 
 
 def compare(runs: dict[str, dict]) -> Report:
@@ -67,6 +70,13 @@ def compare(runs: dict[str, dict]) -> Report:
     import torch
 
     report = Report()
+    for label, run in runs.items():
+        built = {c.get("backbone") for c in run["calls"]}
+        report.check(
+            built == {BACKBONE},
+            f"{label}: the engine built the nvidia file's DeepseekV32Model",
+            ", ".join(map(str, built)),
+        )
     bug = runs[STOCK_BUG]
     first = bug["calls"][0]["received"] if bug["calls"] else []
     cause = bug["root_cause"] or bug["result"].get("error", "")
@@ -143,19 +153,27 @@ def compare(runs: dict[str, dict]) -> Report:
 
 
 def main() -> int:
+    import argparse
+
     import torch
 
     from harness.testenv import TestEnv
     from harness.tiny_checkpoint import build as build_checkpoint
     from harness.ways_in import Ways
 
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--release", choices=RELEASES, default=RELEASES[0])
+    release = parser.parse_args().release
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-v32-"))
     logs = Path(os.environ.get("GPU_CHECK_LOGS") or work)  # the runbook sets it to the run's $OUT
     build_checkpoint(str(work / "tiny-v32"), v32=True)
+    how = "vLLM's registry" if engine_args(release) == ARGS else "model_class_overrides"
     print(
-        f"GPU: {torch.cuda.get_device_name(0)}; DeepseekV32Model (vllm {VERSION}, nvidia file), TP=1, "
-        "bfloat16, fp8_ds_mla"
+        f"GPU: {torch.cuda.get_device_name(0)}; DeepseekV32Model (vllm {release}, nvidia file by {how}), "
+        "TP=1, bfloat16, fp8_ds_mla"
     )
     ways = Ways(testenv, work / "tiny-v32", work)
     shared = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "DG_JIT_CACHE_DIR": str(work / "deep-gemm-cache")}
@@ -166,7 +184,9 @@ def main() -> int:
         (PATCHED, IDS, {}),
     ):
         start = time.monotonic()
-        run = ways.run("plugin", ids, "compile", VERSION, extra_args=ARGS, **GPU, **shared, **env)
+        run = ways.run(
+            "plugin", ids, "compile", release, extra_args=engine_args(release), **GPU, **shared, **env
+        )
         cause = run["root_cause"] or run["result"].get("error", "")
         outcome = "generated" if run["result"]["ok"] else "FAILED: " + cause.splitlines()[0][:150]
         print(f"{label:32s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)

@@ -175,6 +175,9 @@ def test_gpu_check_sh_stages_installs_and_runs() -> None:
 # -- the checks' verdicts on recorded runs -------------------------------------------------------
 
 
+V32_BACKBONE = "vllm.models.deepseek_v32.nvidia.model.DeepseekV32Model"
+
+
 def _call(states: list, pre: object, out: object, patched: bool = True, v32: bool = False) -> dict:
     return {
         "received": states,
@@ -183,6 +186,7 @@ def _call(states: list, pre: object, out: object, patched: bool = True, v32: boo
         "buffer": None,
         "patched": patched and not v32,
         "patched_v32": patched and v32,
+        "backbone": V32_BACKBONE if v32 else "vllm.model_executor.models.deepseek_v2.DeepseekV2Model",
     }
 
 
@@ -228,7 +232,7 @@ def test_gpu_check_v32_verdicts() -> None:
 
     def runs(final: object = pre, output: object = out) -> dict:
         return {
-            g.STOCK_BUG: _run([{"received": [a, b]}], ok=False),
+            g.STOCK_BUG: _run([{"received": [a, b], "backbone": V32_BACKBONE}], ok=False),
             g.STOCK: _run([_call([a, b], pre, out, patched=False, v32=True) for _ in range(3)]),
             g.PATCHED: _run([_call([a, b, final], pre, output, v32=True) for _ in range(3)]),
         }
@@ -236,6 +240,38 @@ def test_gpu_check_v32_verdicts() -> None:
     assert g.compare(runs()).failed == 0
     assert g.compare(runs(final=pre + 1)).failed > 0
     assert g.compare(runs(output=out + 1)).failed > 0
+    built_elsewhere = runs()
+    for call in built_elsewhere[g.PATCHED]["calls"]:  # vLLM chose deepseek_v2's model, not the file
+        call["backbone"] = "vllm.model_executor.models.deepseek_v2.DeepseekV2Model"
+    assert g.compare(built_elsewhere).failed > 0
+
+
+def test_gpu_check_v32_reaches_the_file_by_the_registry_from_0_29() -> None:
+    """0.26.0 needs model_class_overrides to reach the nvidia file; 0.32.0 is sent there by vLLM's
+    own registry on CUDA, so the check must not override it (it would hide a registry change)."""
+    from benchmarks import gpu_check_v32 as g
+
+    assert "--model-class-override" in g.engine_args("0.26.0")
+    assert "--model-class-override" not in g.engine_args("0.32.0")
+    assert set(g.RELEASES) == {"0.26.0", "0.32.0"}
+
+
+def test_gpu_env_online_commands_build_the_layout_testenv_runs(tmp_path: Path) -> None:
+    """`gpu_check.sh install-online`: plain pip, vllm 0.24.0 in venv/, 0.25.0 and 0.26.0 beside it
+    (no dependencies, their unmet requirements into venv/), vllm 0.32.0 with its own torch in
+    newest/venv: the directories harness/testenv.py looks for."""
+    from harness import gpu_env
+    from harness.testenv import base_venv
+
+    steps = [" ".join(step) for step in gpu_env.commands(tmp_path, "/usr/bin/python3")]
+    assert steps[0] == f"/usr/bin/python3 -m venv {tmp_path}/venv"
+    assert any(s.endswith("install --disable-pip-version-check vllm==0.24.0") for s in steps)
+    for version in ("0.25.0", "0.26.0"):
+        assert any(f"--no-deps --target {tmp_path}/vllm-{version}" in s for s in steps)
+    newest = tmp_path / base_venv("0.32.0") / "venv"
+    assert f"/usr/bin/python3 -m venv {newest}" in steps
+    assert any(s.startswith(f"{newest}/bin/python") and "vllm==0.32.0" in s for s in steps)
+    assert not any("--no-index" in s for s in steps)
 
 
 @pytest.mark.network

@@ -14,7 +14,8 @@ sum the final aux state must equal, the hook the norm's output, the model's outp
 write into buffers registered on the norm through one custom op that mutates its buffer argument,
 so the writes are traced into vLLM's compiled graph and captured in its CUDA graphs like any other
 kernel, with no Python side effect at run time; the proposer's wrapper reads the first rows (this
-step's tokens) right when it is called, after this step's forward. The record of a call is saved
+step's tokens) right when it is called, after this step's forward, and names the backbone class the
+process built (`backbone`: which model file vLLM chose). The record of a call is saved
 before vLLM's own `propose` runs, so a run that then crashes (the bug) still leaves its states.
 """
 
@@ -23,6 +24,7 @@ import os
 CAPTURE_DIR = os.environ.get("VLLM_HOTFIX_CAPTURE_DIR")
 ORACLE = os.environ.get("VLLM_HOTFIX_ORACLE") == "1"
 _ORACLES = []  # (pre-norm sum buffer, norm output buffer) of each backbone built in this process
+_BACKBONES = []  # "module.Class" of each instrumented backbone built in this process
 
 if CAPTURE_DIR:
     import wrapt
@@ -56,6 +58,7 @@ if CAPTURE_DIR:
 
         def __init__(self, *args, **kwargs):
             original_init(self, *args, **kwargs)
+            _BACKBONES.append(f"{cls.__module__}.{class_name}")
             norm = getattr(self, "norm", None)
             weight = getattr(norm, "weight", None)
             if weight is None:  # not the last pipeline rank
@@ -105,6 +108,7 @@ if CAPTURE_DIR:
                 record["oracle_pre_norm_sum"] = pre[:tokens].clone().cpu()
                 record["oracle_norm_output"] = out[:tokens].clone().cpu()
                 record["oracle_backbones"] = len(_ORACLES)
+                record["backbone"] = _BACKBONES[-1] if _BACKBONES else None
             calls.append(record)
             if ORACLE:
                 torch.save(calls, path)  # kept if vLLM's propose raises (the bug)
