@@ -1,5 +1,6 @@
-"""The GPU check's bundle: what the lent GPU machine (no network, 64 MiB per transfer) must receive to
-run benchmarks/gpu_check.py and benchmarks/gpu_check_v32.py, and how it is unpacked and installed.
+"""The GPU checks' offline bundle: what an air-gapped CUDA machine (no network; files brought in by
+hand, in parts under 60 MiB for channels that limit file sizes) must receive to run
+benchmarks/gpu_check.py and benchmarks/gpu_check_v32.py, and how it is unpacked and installed.
 
 Subcommands (docs/gpu-runbook.md says when each runs):
 
@@ -14,7 +15,8 @@ Subcommands (docs/gpu-runbook.md says when each runs):
 - `install` (there): a venv whose only preinstalled packages are the base Python's (its torch), with
   vllm 0.24.0 and the dependency wheels installed by `pip install --no-index --find-links`, and
   0.25.0 and 0.26.0 as PYTHONPATH overlays (`--target`): the layout harness/testenv.py expects;
-- `stage` (there): checks the parts that arrived and moves them out of the working tree.
+- `stage` (there): checks the parts that arrived and moves them out of the working tree (to
+  GPU_BUNDLE_STAGE, default ~/hotfix-bundle), once per part as they arrive or once for all.
 
 Only the standard library is imported at module level: `stage`, `assemble` and `install` run with
 the GPU machine's bare python3 before anything is installed.
@@ -42,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 BUNDLE_DIR = REPO / "gpu-bundle"
 LOCK = REPO / "benchmarks" / "gpu" / "requirements.txt"
 CACHE = Path(os.environ.get("VLLM_HOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
-STAGE = "/root/hotfix-bundle"  # on the GPU machine: outside the working tree, kept while it is warm
+STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")  # on the GPU machine, outside the tree
 
 # 0.24.0: the DeepseekV2Model bug; 0.25.0: the upstream fix (reference); 0.26.0: the newest vllm whose
 # torch pin is torch==2.11.0 (the GPU machine's torch), for the DeepseekV32Model check.
@@ -427,39 +429,6 @@ def install(wheels: Path, root: Path, base_python: str, lock: Path = LOCK) -> No
     print(f"installed: {root}/venv (vllm {BUG}), overlays {root}/vllm-{FIXED}, {root}/vllm-{V32}")
 
 
-# The `run` calls of docs/gpu-runbook.md, from the manifest: one part per call, the last part's call
-# also brings the tools, assembles, installs and runs the DeepseekV2Model check, then one call for
-# the V3.2 check.
-STAGE_COMMAND = "python3 -m harness.gpu_bundle stage"
-V2_TIMEOUT_S, V32_TIMEOUT_S, PART_TIMEOUT_S = 500, 300, 90
-_CHECK = "set -o pipefail && GPU_CHECK_LOGS=$OUT bash benchmarks/gpu_check.sh {0} 2>&1 | tee $OUT/{0}.txt"
-
-
-def run_calls(manifest: dict) -> list[dict]:
-    """Each `run` call's arguments (carry, command, timeout_s), in order."""
-    calls = []
-    parts = [p["name"] for p in manifest["parts"]]
-    tools = sorted({str(Path(t["name"]).parent) for t in manifest["tools"]})
-    for index, part in enumerate(parts):
-        carry = [f"gpu-bundle/{part}", "gpu-bundle/manifest.json"]
-        if index == len(parts) - 1:  # the smallest part: a full part plus the tools would near 64 MiB
-            carry += [f"gpu-bundle/{t}" for t in tools]
-        command = STAGE_COMMAND
-        timeout = PART_TIMEOUT_S
-        if index == len(parts) - 1:
-            command += " && bash benchmarks/gpu_check.sh install && " + _CHECK.format("v2")
-            timeout = V2_TIMEOUT_S
-        calls.append({"carry": carry, "command": command, "timeout_s": timeout})
-    calls.append(
-        {
-            "carry": [],
-            "command": _CHECK.format("v32"),
-            "timeout_s": V32_TIMEOUT_S,
-        }
-    )
-    return calls
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -469,8 +438,6 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=BUNDLE_DIR)
     p.add_argument("--level", type=int, default=ZSTD_LEVEL)
     p.add_argument("--if-stale", action="store_true", help="do nothing if gpu-bundle/ is current")
-    p = sub.add_parser("calls", help="here: print the runbook's `run` calls for this gpu-bundle/")
-    p.add_argument("--manifest", type=Path, default=BUNDLE_DIR / "manifest.json")
     p = sub.add_parser("stage", help="there: check the parts that arrived and move them out of the tree")
     p.add_argument("--incoming", type=Path, default=BUNDLE_DIR)
     p.add_argument("--manifest", type=Path, default=BUNDLE_DIR / "manifest.json")
@@ -490,12 +457,6 @@ def main() -> None:
             say(f"{args.out} is current (manifest.json matches this recipe): nothing to do")
             return
         prepare(args.out, level=args.level)
-    elif args.command == "calls":
-        calls = run_calls(json.loads(args.manifest.read_text()))
-        total = sum(c["timeout_s"] for c in calls)
-        for n, call in enumerate(calls, 1):
-            print(f"call {n}/{len(calls)}: {json.dumps(call)}")
-        print(f"timeouts add up to {total} s, plus the machine's start and the transfers")
     elif args.command == "stage":
         stage(args.incoming, json.loads(args.manifest.read_text()), args.stage)
     elif args.command == "assemble":

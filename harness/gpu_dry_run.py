@@ -200,12 +200,12 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
         "GPU_BUNDLE_STAGE": str(stage_dir),
         "VLLM_HOTFIX_NO_ZSTD_PROGRAM": "1",
     }
-    # One call per part, as in the runbook: the part arrives in the working tree, is checked, moved.
+    # One `stage` per part, as the runbook allows: the part arrives in the working tree, is checked, moved.
     for index, part in enumerate(manifest["parts"]):
         incoming = Path(tempfile.mkdtemp(prefix="incoming-", dir=work))
         shutil.copy2(bundle / part["name"], incoming / part["name"])
         shutil.copy2(bundle / "manifest.json", incoming / "manifest.json")
-        if index == len(manifest["parts"]) - 1:  # the tools come with the last part (run_calls)
+        if index == len(manifest["parts"]) - 1:  # the tools come with the last part
             (incoming / "tools").mkdir()
             for tool in manifest["tools"]:
                 shutil.copy2(bundle / tool["name"], incoming / tool["name"])
