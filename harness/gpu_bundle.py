@@ -44,7 +44,8 @@ REPO = Path(__file__).resolve().parent.parent
 BUNDLE_DIR = REPO / "gpu-bundle"
 LOCK = REPO / "benchmarks" / "gpu" / "requirements.txt"
 CACHE = Path(os.environ.get("VLLM_HOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
-STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")  # on the GPU machine, outside the tree
+# On the GPU machine, outside the working tree.
+STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")
 
 # 0.24.0: the DeepseekV2Model bug; 0.25.0: the upstream fix (reference); 0.26.0: the newest vllm whose
 # torch pin is torch==2.11.0 (the GPU machine's torch), for the DeepseekV32Model check.
