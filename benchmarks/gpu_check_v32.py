@@ -31,10 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.gpu_check import Report, _compile_lines, _diff, check_verify
+
+if TYPE_CHECKING:
+    from harness.testenv import TestEnv
 
 RELEASES = ("0.26.0", "0.32.0")  # on torch 2.11.0 (bundle or online), on torch 2.13.0 (online)
 REGISTRY_DEFAULT = (0, 29, 0)  # from here vLLM's registry picks the nvidia file on CUDA
@@ -63,6 +67,19 @@ def engine_args(release: str) -> list[str]:
     """The engine's arguments on `release`: the override only where the registry does not pick the file."""
     numbers = tuple(int(part) for part in release.split(".")[:3])
     return ARGS if numbers >= REGISTRY_DEFAULT else [*ARGS, *OVERRIDE]
+
+
+def missing_release(testenv: TestEnv, release: str) -> str | None:
+    """Why `release` cannot run in this environment, in words a user can act on (None if it can):
+    the offline bundle has no venv for 0.32.0, which needs its own torch."""
+    python = Path(testenv.python_for(release))
+    if python.exists():
+        return None
+    return (
+        f"vllm {release} is not installed in {testenv.root} (no {python}): build the environment"
+        " with `bash benchmarks/gpu_check.sh install-online` (plain pip); the offline bundle"
+        " carries no torch, so it stops at vllm 0.26.0"
+    )
 
 
 def compare(runs: dict[str, dict]) -> Report:
@@ -167,8 +184,12 @@ def main() -> int:
     parser.add_argument("--release", choices=RELEASES, default=RELEASES[0])
     release = parser.parse_args().release
     testenv = TestEnv.locate()
+    missing = missing_release(testenv, release)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-gpu-v32-"))
-    logs = Path(os.environ.get("GPU_CHECK_LOGS") or work)  # the runbook sets it to the run's $OUT
+    logs = Path(os.environ.get("GPU_CHECK_LOGS") or work)  # where each run's engine log is kept
     build_checkpoint(str(work / "tiny-v32"), v32=True)
     how = "vLLM's registry" if engine_args(release) == ARGS else "model_class_overrides"
     print(

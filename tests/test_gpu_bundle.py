@@ -253,6 +253,18 @@ def test_gpu_check_v32_reaches_the_file_by_the_registry_from_0_29() -> None:
     assert set(g.RELEASES) == {"0.26.0", "0.32.0"}
 
 
+def test_gpu_check_v32_says_how_to_get_a_release_the_bundle_lacks(tmp_path: Path) -> None:
+    from benchmarks import gpu_check_v32 as g
+    from harness.testenv import TestEnv
+
+    testenv = TestEnv(tmp_path)
+    assert "install-online" in (g.missing_release(testenv, "0.32.0") or "")
+    python = tmp_path / "newest" / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    assert g.missing_release(testenv, "0.32.0") is None
+
+
 def test_gpu_env_online_commands_build_the_layout_testenv_runs(tmp_path: Path) -> None:
     """`gpu_check.sh install-online`: plain pip, vllm 0.24.0 in venv/, 0.25.0 and 0.26.0 beside it
     (no dependencies, their unmet requirements into venv/), vllm 0.32.0 with its own torch in
