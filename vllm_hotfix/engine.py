@@ -3,7 +3,8 @@
 
 Everything a fix needs is decided at patch time, once per process: the installed function then
 runs with no checks, logging or other Python side effects (it is traced by torch.compile).
-No exception leaves this module into vLLM's import or start-up unless strict mode asks for it.
+No exception leaves this module into vLLM's import or start-up unless strict mode asks for it
+(containment.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import threading
 import types
 
-from vllm_hotfix import _arming, patching
+from vllm_hotfix import containment, patching
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.decide import Record, decide
 from vllm_hotfix.decisions import Decision
@@ -87,24 +88,20 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
     """wrapt post-import hook: runs when vLLM imports the fix's module (or at once if it was).
 
     It runs inside vLLM's import of that module, so nothing escapes it unless strict mode asks:
-    HotfixError is raised only in strict mode, and any other error is re-raised only when
-    VLLM_HOTFIX_STRICT is set (read by _arming's check, which cannot fail).
+    HotfixError is raised only in strict mode, and any other error is contained (containment.py).
     """
+    error = containment.contain(
+        f"fix {fix.fix_id} not decided", lambda: _decide_now(fix, module, late), (HotfixError,)
+    )
+    if error is None:
+        return
     try:
-        _decide_now(fix, module, late)
-    except HotfixError:
-        raise
-    except Exception as error:
-        if _arming.strict_requested():
-            raise
-        _arming.report_error(f"fix {fix.fix_id} not decided", error)
-        reason = f"{type(error).__name__}: {error}"
-        try:
-            with _lock:
-                if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
-                    _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
-        except Exception:
-            pass
+        with _lock:
+            if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
+                reason = f"{type(error).__name__}: {error}"
+                _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
+    except Exception:
+        pass
 
 
 def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
