@@ -27,9 +27,6 @@ class _VllmImportTrigger:
             _arm_engine()
         return None
 
-    def invalidate_caches(self) -> None:
-        pass
-
 
 def _verify_requested() -> bool:
     """VLLM_HOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
