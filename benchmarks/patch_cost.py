@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.runs):  # what the import hook does: decide, derive, compile, write, install
         fix.put(module, original, replacing=installed)
         t = time.perf_counter()
-        record = decide.decide(fix, module, found, None)
-        installed = patching.patch(fix, module, original, record.fixed_source, version).function
+        plan = decide.decide(fix, module, found, None)
+        installed = patching.patch(fix, module, original, plan.fixed_source, version).function
         whole.append((time.perf_counter() - t) * 1e3)
     print(f"  whole decision + patch: {ms(whole)}  ({args.runs} runs)")
 

@@ -35,7 +35,9 @@ def test_hook_arms_without_importing_anything_heavy(hooked: str) -> None:
         "('vllm_hotfix', 'vllm', 'torch', 'wrapt')))",
     )
     assert done.returncode == 0 and done.stderr == ""
-    assert done.stdout.strip() == "['vllm_hotfix', 'vllm_hotfix._arming', 'vllm_hotfix._version']"
+    assert done.stdout.strip() == (
+        "['vllm_hotfix', 'vllm_hotfix._arming', 'vllm_hotfix._version', 'vllm_hotfix.containment']"
+    )
 
 
 def test_hook_installs_the_vllm_trigger(hooked: str) -> None:

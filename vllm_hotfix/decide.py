@@ -1,7 +1,8 @@
 """Decide for one fix in this process: probe the loaded target and, if it is the known buggy shape,
-derive the fixed source and self-check it. Nothing is installed here: a record that says
-`patched` carries the original and the fixed source, which `patching.patch()` installs.
-Everything is decided at patch time; the installed function has no checks."""
+derive the fixed source and self-check it. Nothing is installed or recorded here: decide() returns
+a `Plan`, and a `patched` plan carries the original and the fixed source, which the engine has
+`patching.patch()` install before it records what happened. Everything is decided at patch time;
+the installed function has no checks."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import importlib.util
 import inspect
 import os
 import types
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.decisions import Decision
@@ -19,19 +19,16 @@ from vllm_hotfix.patching import Marker
 from vllm_hotfix.vllm_version import VllmVersion, loaded_vllm_version
 
 
-@dataclass
-class Record:
-    """What happened to one fix in this process."""
+@dataclass(frozen=True)
+class Plan:
+    """What decide() concluded for one fix: the decision and, for `patched`, what to install."""
 
     fix_id: str
     decision: Decision
     reason: str
     vllm_version: str | None
-    original: Any = None  # the loaded function a `patched` decision replaces
+    original: types.FunctionType | None = None  # the loaded function a `patched` plan replaces
     fixed_source: str | None = None  # what replaces it: derived and self-checked by decide()
-    installed: Any = None  # the function patching.patch() put in its place
-    generated_file: str | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def related_sources(fix: Fix) -> dict[str, str | None]:
@@ -71,22 +68,25 @@ def _version_note(fix: Fix, verdict: Decision, version: VllmVersion | None) -> s
 
 
 def decide(
-    fix: Fix, module: types.ModuleType, found: settings_mod.Settings, previous: Record | None
-) -> Record:
+    fix: Fix,
+    module: types.ModuleType,
+    found: settings_mod.Settings,
+    installed: types.FunctionType | None,
+) -> Plan | None:
     """Probe the loaded target; if it has the known buggy shape, derive and self-check the fix.
 
-    A `patched` record carries `original` and `fixed_source` for `patching.patch()`. `previous` is
-    this process's last record for the fix: a target that is still the function it installed is
-    returned as is (idempotent).
+    A `patched` plan carries `original` and `fixed_source` for `patching.patch()`. `installed` is
+    the function this process last installed for the fix, if any: a target that is still that
+    function needs nothing new, and decide() returns None (the previous record stands).
     """
     version = loaded_vllm_version()
     version_text = version.text if version else None
     if found.is_disabled(fix.fix_id):
         raw = os.environ.get(settings_mod.DISABLE_VAR, "")
-        return Record(fix.fix_id, Decision.DISABLED, f"{settings_mod.DISABLE_VAR}={raw}", version_text)
+        return Plan(fix.fix_id, Decision.DISABLED, f"{settings_mod.DISABLE_VAR}={raw}", version_text)
 
-    def unknown(reason: str) -> Record:
-        return Record(fix.fix_id, Decision.UNKNOWN, reason, version_text)
+    def unknown(reason: str) -> Plan:
+        return Plan(fix.fix_id, Decision.UNKNOWN, reason, version_text)
 
     try:
         current = fix.current(module)
@@ -94,11 +94,11 @@ def decide(
         return unknown(f"{fix.target} not found: {error}")
     marker = getattr(current, "__vllm_hotfix__", None)
     if isinstance(marker, Marker) and marker.fix_id == fix.fix_id:
-        if previous is not None and previous.installed is current:
-            return previous
+        if installed is current:
+            return None
         return unknown(f"{fix.target} was patched by another copy of vllm-hotfix {marker.version}")
     if current is None:
-        return Record(fix.fix_id, fix.absent, f"{fix.target} does not exist in this vLLM", version_text)
+        return Plan(fix.fix_id, fix.absent, f"{fix.target} does not exist in this vLLM", version_text)
     if type(current) is not types.FunctionType:  # type(), not isinstance: proxies fake __class__
         kind = type(current)
         return unknown(
@@ -124,7 +124,7 @@ def decide(
     reason = f"{probe.reason}; {note}"
     forced = probe.verdict is Decision.UNKNOWN and fix.fix_id in found.forced_ids
     if probe.verdict is not Decision.PATCHED and not forced:
-        return Record(fix.fix_id, probe.verdict, reason, version_text)
+        return Plan(fix.fix_id, probe.verdict, reason, version_text)
     if forced:
         reason = f"forced by {settings_mod.FORCE_VAR} although the probe said: {reason}"
 
@@ -133,7 +133,7 @@ def decide(
     except Exception as error:
         if not forced:
             raise
-        return Record(
+        return Plan(
             fix.fix_id,
             Decision.FAILED,
             f"cannot make upstream's change here ({error}); {reason}",
@@ -141,12 +141,12 @@ def decide(
         )
     check = fix.probe_source(fixed_source, related)
     if check.verdict is not Decision.FIXED_UPSTREAM:
-        return Record(
+        return Plan(
             fix.fix_id,
             Decision.FAILED,
             f"self-check of the generated source failed: {check.reason}",
             version_text,
         )
-    return Record(
+    return Plan(
         fix.fix_id, Decision.PATCHED, reason, version_text, original=current, fixed_source=fixed_source
     )

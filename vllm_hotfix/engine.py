@@ -1,9 +1,10 @@
 """Arm the fixes, and per fix and per process: have it decided (decide.py), patched or unpatched
-(patching.py), and record and log what happened.
+(patching.py), and record and log what happened: one `Record`, built once the patch is made.
 
 Everything a fix needs is decided at patch time, once per process: the installed function then
 runs with no checks, logging or other Python side effects (it is traced by torch.compile).
-No exception leaves this module into vLLM's import or start-up unless strict mode asks for it.
+No exception leaves this module into vLLM's import or start-up unless strict mode asks for it
+(containment.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import os
 import sys
 import threading
 import types
+from dataclasses import dataclass, replace
+from typing import Any
 
-from vllm_hotfix import _arming, patching
+from vllm_hotfix import containment, patching
 from vllm_hotfix import settings as settings_mod
-from vllm_hotfix.decide import Record, decide
+from vllm_hotfix.decide import Plan, decide
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.vllm_version import loaded_vllm_version
@@ -27,6 +30,20 @@ logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's ha
 
 class HotfixError(RuntimeError):
     """Raised only in strict mode (VLLM_HOTFIX_STRICT=1) when a fix could not be applied."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What happened to one fix in this process: decide()'s plan and, if patched, what was installed."""
+
+    fix_id: str
+    decision: Decision
+    reason: str
+    vllm_version: str | None
+    original: Any = None  # the loaded function a `patched` decision replaced
+    installed: Any = None  # the function patching.patch() put in its place
+    generated_file: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 _lock = threading.RLock()
@@ -65,46 +82,57 @@ def _log_decision(fix: Fix, record: Record) -> None:
     logger.log(level, message)
 
 
-def _warn_if_built_already(fix: Fix, module: types.ModuleType, record: Record) -> None:
+def _built_already(fix: Fix, module: types.ModuleType) -> list[str]:
     """Armed after the module was imported: objects built before keep compiled, unpatched code."""
-    if fix.owner is None or record.decision is not Decision.PATCHED:
-        return
-    cls = getattr(module, fix.owner, None)
+    cls = getattr(module, fix.owner, None) if fix.owner is not None else None
     if not isinstance(cls, type):
-        return
+        return []
     count = sum(1 for obj in gc.get_objects() if issubclass(type(obj), cls))  # no __class__ lookups
-    if count:
-        note = (
-            f"{count} {fix.owner} object(s) existed before the fix was armed; a model compiled when"
-            " it was built (vLLM's default) keeps the unpatched forward: build it again after"
-            " `import vllm_hotfix`, or install the hotfix as a vLLM plugin"
-        )
-        record.notes.append(note)
-        logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
+    if not count:
+        return []
+    return [
+        f"{count} {fix.owner} object(s) existed before the fix was armed; a model compiled when"
+        " it was built (vLLM's default) keeps the unpatched forward: build it again after"
+        " `import vllm_hotfix`, or install the hotfix as a vLLM plugin"
+    ]
 
 
 def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
     """wrapt post-import hook: runs when vLLM imports the fix's module (or at once if it was).
 
     It runs inside vLLM's import of that module, so nothing escapes it unless strict mode asks:
-    HotfixError is raised only in strict mode, and any other error is re-raised only when
-    VLLM_HOTFIX_STRICT is set (read by _arming's check, which cannot fail).
+    HotfixError is raised only in strict mode, and any other error is contained (containment.py).
     """
+    error = containment.contain(
+        f"fix {fix.fix_id} not decided", lambda: _decide_now(fix, module, late), (HotfixError,)
+    )
+    if error is None:
+        return
     try:
-        _decide_now(fix, module, late)
-    except HotfixError:
-        raise
-    except Exception as error:
-        if _arming.strict_requested():
-            raise
-        _arming.report_error(f"fix {fix.fix_id} not decided", error)
-        reason = f"{type(error).__name__}: {error}"
-        try:
-            with _lock:
-                if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
-                    _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
-        except Exception:
-            pass
+        with _lock:
+            if getattr(_records.get(fix.fix_id), "installed", None) is None:  # keep a patch made
+                reason = f"{type(error).__name__}: {error}"
+                _records[fix.fix_id] = Record(fix.fix_id, Decision.FAILED, reason, None)
+    except Exception:
+        pass
+
+
+def _apply_plan(fix: Fix, module: types.ModuleType, plan: Plan, late: bool) -> Record:
+    """Patch what `plan` says to, and return its one record (for `patched`, made once it is in place)."""
+    if plan.original is None or plan.fixed_source is None:  # nothing to install
+        return Record(fix.fix_id, plan.decision, plan.reason, plan.vllm_version)
+    built_already = _built_already(fix, module) if late else []  # before patching: nothing to lose
+    patched = patching.patch(fix, module, plan.original, plan.fixed_source, plan.vllm_version)
+    return Record(
+        fix.fix_id,
+        plan.decision,
+        plan.reason,
+        plan.vllm_version,
+        original=plan.original,
+        installed=patched.function,
+        generated_file=patched.generated_file,
+        notes=(*patched.notes, *built_already),
+    )
 
 
 def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
@@ -114,28 +142,21 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
         previous = _records.get(fix.fix_id)
         found = _settings()  # raises HotfixError in strict mode when a switch is invalid
         try:
-            record = decide(fix, module, found, previous)
-            if record is not previous and record.fixed_source is not None:
-                patched = patching.patch(
-                    fix, module, record.original, record.fixed_source, record.vllm_version
-                )
-                record.installed, record.generated_file = patched.function, patched.generated_file
-                record.notes += patched.notes
-        except Exception as error:  # never break the host
+            plan = decide(fix, module, found, previous.installed if previous else None)
+            if plan is None:  # still the function this process installed: the record stands
+                return
+            record = _apply_plan(fix, module, plan, late)
+        except Exception as error:  # an error while deciding or patching is a decision: failed
             record = Record(
                 fix.fix_id,
                 Decision.FAILED,
                 f"{type(error).__name__}: {error}",
                 getattr(loaded_vllm_version(), "text", None),
             )
-        if record is previous:
-            return
         _records[fix.fix_id] = record
         _log_decision(fix, record)
         for note in record.notes:
             logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
-        if late:
-            _warn_if_built_already(fix, module, record)
         if record.decision.is_problem and found.strict:
             raise HotfixError(f"vllm-hotfix fix {fix.fix_id} not applied: {record.reason}")
 
@@ -172,7 +193,7 @@ def remove() -> None:
                     f"{fix.target} is no longer the function vllm-hotfix installed (replaced by"
                     " something else since): left untouched"
                 )
-                record.notes.append(note)
+                _records[fix.fix_id] = replace(record, notes=(*record.notes, note))
                 logger.warning("vllm-hotfix fix=%s: %s", fix.fix_id, note)
                 continue
             _records[fix.fix_id] = Record(

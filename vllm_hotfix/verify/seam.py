@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix import _arming
+from vllm_hotfix import containment
 from vllm_hotfix.fixes.base import contains_code
 from vllm_hotfix.verify import settings as verify_settings
 from vllm_hotfix.verify.window import FAIL, PASS, Context, Window, hint
@@ -245,8 +245,8 @@ def _finish(note: str | None = None) -> None:
                 window.write_report(found.report_dir)
             except OSError as error:
                 logger.warning("vllm-hotfix verify: report not written to %s: %s", found.report_dir, error)
-    if window.verdict == FAIL and _arming.strict_requested():
-        raise VerifyError(f"{line} ({_arming.STRICT_VAR}=1 stops the run)")
+    if window.verdict == FAIL and containment.strict_requested():
+        raise VerifyError(f"{line} ({containment.STRICT_VAR}=1 stops the run)")
 
 
 def _at_exit() -> None:
@@ -308,9 +308,9 @@ def _wrap(cls: type, module: types.ModuleType, original: types.FunctionType) -> 
             except VerifyError:
                 raise
             except Exception as error:  # never break the host
-                if _arming.strict_requested():
+                if containment.strict_requested():
                     raise
-                _arming.report_error("verify: check not completed", error)
+                containment.report_error("verify: check not completed", error)
                 try:
                     _finish(f"error: {type(error).__name__}: {error}")
                 except Exception:
@@ -343,9 +343,9 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
             _installed[cls] = (original, ours)
             cls.execute_model = ours
     except Exception as error:
-        if _arming.strict_requested():
+        if containment.strict_requested():
             raise
-        _arming.report_error("verify: not armed", error)
+        containment.report_error("verify: not armed", error)
 
 
 def arm() -> None:
@@ -354,7 +354,7 @@ def arm() -> None:
     found = verify_settings.read()
     if found.problem:
         logger.error("vllm-hotfix: %s", found.problem)
-        if _arming.strict_requested():
+        if containment.strict_requested():
             raise VerifyError(found.problem)
     if found.steps <= 0:
         return

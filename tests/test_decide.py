@@ -1,0 +1,71 @@
+"""decide(): the plan for one fix, on a module made here (no vLLM): what it concludes, what a
+`patched` plan carries for patching.patch(), and that it installs and records nothing itself."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tests.toy_fix import BUGGY, FIXED, NO_SWITCHES, TOY, ToyFix, load
+from vllm_hotfix import patching, settings
+from vllm_hotfix.decide import Plan, decide
+from vllm_hotfix.decisions import Decision
+
+
+def test_a_buggy_shape_is_a_patched_plan_and_nothing_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = load(tmp_path, BUGGY, monkeypatch)
+    original = module.scale
+    plan = decide(TOY, module, NO_SWITCHES, None)
+    assert isinstance(plan, Plan) and plan.decision is Decision.PATCHED
+    assert plan.original is original and plan.fixed_source == FIXED
+    assert plan.reason.startswith("multiplies by 2; vLLM version unknown")
+    assert module.scale is original  # decide() only decides
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.decision = Decision.FAILED  # type: ignore[misc]
+
+
+def test_a_fixed_shape_carries_nothing_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = decide(TOY, load(tmp_path, FIXED, monkeypatch), NO_SWITCHES, None)
+    assert plan == Plan("toy", Decision.FIXED_UPSTREAM, "multiplies by 3; vLLM version unknown", None)
+
+
+def test_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found = settings.read_settings(("toy",), environ={settings.DISABLE_VAR: "toy"})
+    plan = decide(TOY, load(tmp_path, BUGGY, monkeypatch), found, None)
+    assert plan is not None and plan.decision is Decision.DISABLED and plan.fixed_source is None
+
+
+def test_the_function_this_process_installed_needs_no_new_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = load(tmp_path, BUGGY, monkeypatch)
+    plan = decide(TOY, module, NO_SWITCHES, None)
+    assert plan is not None and plan.original is not None and plan.fixed_source is not None
+    installed = patching.patch(TOY, module, plan.original, plan.fixed_source, None).function
+    assert decide(TOY, module, NO_SWITCHES, installed) is None
+    other_copy = decide(TOY, module, NO_SWITCHES, None)  # ours by its marker, not by this process
+    assert other_copy is not None and other_copy.decision is Decision.UNKNOWN
+    assert "another copy of vllm-hotfix" in other_copy.reason
+
+
+def test_a_function_from_another_file_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load(tmp_path, BUGGY, monkeypatch)
+    namespace: dict[str, object] = {}
+    exec(compile(BUGGY, str(tmp_path / "other_plugin.py"), "exec"), namespace)
+    module.scale = namespace["scale"]
+    plan = decide(TOY, module, NO_SWITCHES, None)
+    assert plan is not None and plan.decision is Decision.UNKNOWN
+    assert "replaced by another plugin" in plan.reason
+
+
+def test_a_transform_that_fails_its_self_check_is_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ToyFix, "transform_source", lambda self, source: source.replace("* 2", "* 4"))
+    plan = decide(TOY, load(tmp_path, BUGGY, monkeypatch), NO_SWITCHES, None)
+    assert plan is not None and plan.decision is Decision.FAILED and plan.fixed_source is None
+    assert plan.reason.startswith("self-check of the generated source failed")
