@@ -57,9 +57,9 @@ class Reads(dict):
 
 
 def fix_inputs(fix: Fix, texts: Mapping[str, str | None], files: dict[str, str]) -> dict[str, Any]:
-    """One fix's entry for one release: the digests of the target function's source and of the
-    related modules its probe reads on it (None where absent; a module it does not read is not
-    stored), adding each text to `files` under its path relative to tests/sources/."""
+    """One fix's entry for one release: whether it has the fix's module, the digests of the target
+    function's source and of the related modules its probe reads on it (None where absent; a module
+    it does not read is not stored), adding each text to `files` under its path in tests/sources/."""
 
     def keep(text: str | None) -> str | None:
         if text is None:
@@ -71,11 +71,11 @@ def fix_inputs(fix: Fix, texts: Mapping[str, str | None], files: dict[str, str])
     module = releases.module_text(fix.module, texts)
     function = releases.function_source(module, fix.owner, fix.attribute) if module is not None else None
     if function is None:  # no target: the probe is not run (the verdict is fix.absent)
-        return {"function": None, "related": {}}
+        return {"module": module is not None, "function": None, "related": {}}
     related = Reads({name: releases.module_text(name, texts) for name in fix.related})
     fix.probe_source(function, related)
     read = {name: keep(dict.get(related, name)) for name in dict.fromkeys(related.read)}
-    return {"function": keep(function), "related": read}
+    return {"module": True, "function": keep(function), "related": read}
 
 
 def collect(

