@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,6 +54,22 @@ class Reads(dict):
     def get(self, name: str, default: Any = None) -> Any:
         self.read.append(name)
         return super().get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        self.read.append(str(name))
+        return super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:  # keys(), items() and values() read every module
+        self.read.extend(super().keys())
+        return super().__iter__()
+
+    def items(self) -> Any:
+        self.read.extend(super().keys())
+        return super().items()
+
+    def values(self) -> Any:
+        self.read.extend(super().keys())
+        return super().values()
 
 
 def fix_inputs(fix: Fix, texts: Mapping[str, str | None], files: dict[str, str]) -> dict[str, Any]:
