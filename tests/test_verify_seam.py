@@ -137,7 +137,7 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
     import ast
     import urllib.error
 
-    from tests.test_releases import network_unavailable
+    from tests.network import network_unavailable
     from vllm_hotfix import releases
     from vllm_hotfix.releases import wheels
     from vllm_hotfix.releases.classify import function_source

