@@ -17,7 +17,7 @@ with it (ids [1,2,4]). Oracles, per proposer call (the prefill runs eagerly betw
 segments, decode steps replay CUDA graphs):
 - in-loop states (ids 1, 2) equal stock's bit for bit (at TP=1 the fix changes nothing else);
 - the final state equals `hidden_states + residual` at the input of the model's final norm (a forward
-  pre-hook on that norm, in the same process and step; harness/capture_site): on every release the
+  pre-hook on that norm, in the same process and step; harness/child/sites/capture): on every release the
   fix takes it from the final fused norm's second output;
 - the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
   stock's.
@@ -157,8 +157,8 @@ def main() -> int:
 
     import torch
 
+    from harness.child.tiny_checkpoint import build as build_checkpoint
     from harness.testenv import TestEnv
-    from harness.tiny_checkpoint import build as build_checkpoint
     from harness.ways_in import Ways
 
     parser = argparse.ArgumentParser(

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.cpu_kernels import cpu_model, simd
+from harness.child.cpu_kernels import cpu_model, simd
 from vllm_hotfix.releases.marked_block import block_in, with_block
 
 REPO = Path(__file__).resolve().parent.parent

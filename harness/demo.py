@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
+from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import BUG, FIXED, TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
 
 IDS = "1,2,4"  # the tiny model has 4 layers: id 4 is the final layer's output

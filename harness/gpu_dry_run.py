@@ -97,10 +97,10 @@ NEEDS_DRIVER = (
 
 # A module whose import stops at a `torch.ops._C.<op>` that vllm._C (not loadable without the driver)
 # would have registered is imported again with a placeholder schema for that op (as
-# harness/v32_states.py does on CPU), so that the rest of its import chain is checked too.
+# harness/child/v32_states.py does on CPU), so that the rest of its import chain is checked too.
 _PROBE = r"""
 import importlib, json, os, sys
-from harness.v32_states import import_model_module
+from harness.child.v32_states import import_model_module
 result = {"ok": {}, "failed": {}, "version": None, "paths": [], "origins": {}, "placeholders": {}}
 for name in sys.argv[1].split(","):
     try:
@@ -247,7 +247,7 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
 _CHECKS_PROBE = r"""
 import json, sys, tempfile
 import benchmarks.gpu_check, benchmarks.gpu_check_v32
-from harness.tiny_checkpoint import build, V32_FIELDS
+from harness.child.tiny_checkpoint import build, V32_FIELDS
 out = build(tempfile.mkdtemp(prefix="v32-ckpt-") + "/ckpt", v32=True)
 from transformers import DeepseekV3Config
 config = DeepseekV3Config.from_pretrained(out)

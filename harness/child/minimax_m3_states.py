@@ -11,7 +11,7 @@ MiniMaxM3Model.load_weights (stacked gate/up mapping, per-rank shards) from full
 
 Stand-ins, only where vLLM has no CPU path, each keeping its contract:
 - the attention (paged `Attention` layer and the CUDA-only `_C.fused_minimax_m3_qknorm_rope_kv_insert`)
-  is replaced by `StandInAttention` (harness/v32_states.py): the full hidden state in, a
+  is replaced by `StandInAttention` (harness/child/v32_states.py): the full hidden state in, a
   column-parallel projection, a causal per-feature token mix, a row-parallel projection with
   reduce_results=False, so the output is each rank's partial sum, as MiniMaxM3Attention's o_proj
   leaves it;

