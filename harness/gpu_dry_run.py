@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from harness.gpu_bundle import BUNDLE_DIR, CACHE, PLATFORMS, say
+from harness.testenv import child_result
 
 
 def python312() -> str:
@@ -234,10 +235,10 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
             text=True,
             timeout=1800,
         )
-        line = [x for x in done.stdout.splitlines() if x.startswith("PROBE ")]
-        if not line:
+        probed = child_result(done.stdout, "PROBE ")
+        if probed is None:
             raise SystemExit(f"import probe for {version} gave nothing:\n{done.stderr[-4000:]}")
-        report["versions"][version] = json.loads(line[-1][len("PROBE ") :])
+        report["versions"][version] = probed
     return report
 
 

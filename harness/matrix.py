@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import NEWEST, REPO, TestEnv, site
+from harness.testenv import NEWEST, REPO, TestEnv, child_result, site
 
 AFFECTED = ("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0")
 AFFECTED += ("0.22.0", "0.22.1", "0.23.0", "0.24.0")
@@ -123,8 +123,7 @@ class Matrix:
         seconds = time.monotonic() - start
         log = done.stdout + done.stderr
         (out / "run.log").write_text(log)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"ok": False, "error": "no RESULT"}
+        result = child_result(done.stdout) or {"ok": False, "error": "no RESULT"}
         kind = "model" if model_level else "propose"
         saved = [torch.load(f) for f in sorted(out.glob(f"{kind}-*.pt"))]
         from harness.ways_in import root_cause

@@ -12,6 +12,7 @@ only when it imports it, so "without the hotfix" really is stock vLLM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = REPO / "harness" / "child"  # what runs inside a child interpreter, by path
@@ -166,6 +168,16 @@ class TestEnv:
             out.seek(0)
             err.seek(0)
             return subprocess.CompletedProcess(command, code, out.read(), err.read())
+
+
+# What a harness/child/ script prints last: one line `RESULT {json}` (its result, or its error).
+RESULT = "RESULT "
+
+
+def child_result(stdout: str, marker: str = RESULT) -> Any:
+    """The JSON of the last line of a child's stdout that starts with `marker`; None if none does."""
+    lines = [line for line in stdout.splitlines() if line.startswith(marker)]
+    return json.loads(lines[-1][len(marker) :]) if lines else None
 
 
 _ERROR = re.compile(r"Check failed|Error|Exception|Traceback|FAILED|Aborted")
