@@ -98,10 +98,10 @@ NEEDS_DRIVER = (
 
 # A module whose import stops at a `torch.ops._C.<op>` that vllm._C (not loadable without the driver)
 # would have registered is imported again with a placeholder schema for that op (as
-# harness/child/v32_states.py does on CPU), so that the rest of its import chain is checked too.
+# harness/child/tp_model.py does on CPU), so that the rest of its import chain is checked too.
 _PROBE = r"""
 import importlib, json, os, sys
-from harness.child.v32_states import import_model_module
+from harness.child.tp_model import import_with_placeholder_ops
 result = {"ok": {}, "failed": {}, "version": None, "paths": [], "origins": {}, "placeholders": {}}
 for name in sys.argv[1].split(","):
     try:
@@ -112,7 +112,7 @@ for name in sys.argv[1].split(","):
             result["failed"][name] = f"{type(error).__name__}: {error}"[:300]
             continue
         try:
-            module = import_model_module(name.rsplit(".", 2)[-2]) if "deepseek_v32" in name else None
+            module = import_with_placeholder_ops(name) if "deepseek_v32" in name else None
             if module is None:
                 raise error
             result["ok"][name] = module.__file__
