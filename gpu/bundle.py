@@ -1,12 +1,12 @@
 """The GPU check's bundle: what the lent GPU machine (no network, 64 MiB per transfer) must receive to
-run benchmarks/gpu_check.py and benchmarks/gpu_check_v32.py, and how it is unpacked and installed.
+run gpu/check_v2.py and gpu/check_v32.py, and how it is unpacked and installed.
 
 Subcommands (docs/gpu-runbook.md says when each runs):
 
 - `prepare` (here, with PyPI): downloads the vllm CUDA wheels of VLLM_VERSIONS, writes a slim copy of
   each (every Python file, only the compiled extensions in KEEP_BINARIES, uncompressed so that the
   three releases' near-identical kernels compress together), downloads the dependency wheels pinned
-  in benchmarks/gpu/requirements.txt, packs everything into one tar compressed with zstd (long
+  in gpu/requirements.txt, packs everything into one tar compressed with zstd (long
   window), and splits it into parts under 60 MiB in gpu-bundle/ with gpu-bundle/manifest.json
   (sha256 and size of every part, of the archive and of every file in it);
 - `assemble` (there; standard library plus zstd or the carried `zstandard` wheel): checks every
@@ -40,7 +40,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE_DIR = REPO / "gpu-bundle"
-LOCK = REPO / "benchmarks" / "gpu" / "requirements.txt"
+LOCK = Path(__file__).resolve().parent / "requirements.txt"
 CACHE = Path(os.environ.get("VLLM_HOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
 STAGE = "/root/hotfix-bundle"  # on the GPU machine: outside the working tree, kept while it is warm
 
@@ -430,9 +430,9 @@ def install(wheels: Path, root: Path, base_python: str, lock: Path = LOCK) -> No
 # The `run` calls of docs/gpu-runbook.md, from the manifest: one part per call, the last part's call
 # also brings the tools, assembles, installs and runs the DeepseekV2Model check, then one call for
 # the V3.2 check.
-STAGE_COMMAND = "python3 -m harness.gpu_bundle stage"
+STAGE_COMMAND = "python3 -m gpu.bundle stage"
 V2_TIMEOUT_S, V32_TIMEOUT_S, PART_TIMEOUT_S = 500, 300, 90
-_CHECK = "set -o pipefail && GPU_CHECK_LOGS=$OUT bash benchmarks/gpu_check.sh {0} 2>&1 | tee $OUT/{0}.txt"
+_CHECK = "set -o pipefail && GPU_CHECK_LOGS=$OUT bash gpu/check.sh {0} 2>&1 | tee $OUT/{0}.txt"
 
 
 def run_calls(manifest: dict) -> list[dict]:
@@ -447,7 +447,7 @@ def run_calls(manifest: dict) -> list[dict]:
         command = STAGE_COMMAND
         timeout = PART_TIMEOUT_S
         if index == len(parts) - 1:
-            command += " && bash benchmarks/gpu_check.sh install && " + _CHECK.format("v2")
+            command += " && bash gpu/check.sh install && " + _CHECK.format("v2")
             timeout = V2_TIMEOUT_S
         calls.append({"carry": carry, "command": command, "timeout_s": timeout})
     calls.append(

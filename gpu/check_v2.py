@@ -11,7 +11,7 @@ Oracles, each per proposer call (prefill and decode steps):
   (harness/child/sites/capture, VLLM_HOTFIX_ORACLE=1);
 - every other state equals stock's (the unpatched run's first call, recorded before it crashes);
 - every state, and the norm's output, equal vllm 0.25.0's.
-Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU check of `deepseek-v32-final-aux-nvidia` (DeepseekV32Model) on one GPU, TP=1, on a chosen vllm
 release (`--release`): 0.26.0 (the newest vllm on torch 2.11.0: the offline bundle's and the online
-environment's) or 0.32.0 (torch 2.13.0: the online environment only, harness/gpu_env.py). Its
+environment's) or 0.32.0 (torch 2.13.0: the online environment only, gpu/online_env.py). Its
 `vllm/models/deepseek_v32/nvidia/model.py` with the real DSA attention (sparse MLA through FlashMLA,
 the lightning indexer through DeepGEMM, an fp8_ds_mla KV cache: the only DSA path on SM90), vLLM's
 default compilation and CUDA graph settings, extract_hidden_states with the final layer, on a tiny
@@ -21,7 +21,7 @@ segments, decode steps replay CUDA graphs):
   fix takes it from the final fused norm's second output;
 - the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
   stock's.
-Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_check import Report, _compile_lines, _diff, check_verify
+from gpu.check_v2 import Report, _compile_lines, _diff, check_verify
 
 RELEASES = ("0.26.0", "0.32.0")  # on torch 2.11.0 (bundle or online), on torch 2.13.0 (online)
 REGISTRY_DEFAULT = (0, 29, 0)  # from here vLLM's registry picks the nvidia file on CUDA

@@ -1,8 +1,8 @@
 """The GPU checks' environment on any CUDA machine that reaches PyPI: plain pip, no bundle.
 
-It has harness/testenv.py's layout, like the offline bundle's `install` (harness/gpu_bundle.py):
+It has harness/testenv.py's layout, like the offline bundle's `install` (gpu/bundle.py):
 - venv/: vllm 0.24.0 with the torch it pins (2.11.0) and the checks' locked dependencies
-  (benchmarks/gpu/requirements.txt).
+  (gpu/requirements.txt).
 - vllm-0.25.0/ and vllm-0.26.0/ beside it (`pip install --target`, no dependencies): they pin the same
   torch.
 - newest/venv: vllm 0.32.0 with the torch it pins (2.13.0), for the releases where vLLM's own registry
@@ -11,8 +11,8 @@ It has harness/testenv.py's layout, like the offline bundle's `install` (harness
 The releases beside venv/ get what they require and 0.24.0 does not bring (harness/child/wheel_requirements.py
 --unmet), installed into venv/. The offline bundle cannot carry newest/venv: it brings no torch.
 
-    python3 -m harness.gpu_env [--root DIR]      # what `bash benchmarks/gpu_check.sh install-online` runs
-    python3 -m harness.gpu_env --print           # the pip commands only
+    python3 -m gpu.online_env [--root DIR]      # what `bash gpu/check.sh install-online` runs
+    python3 -m gpu.online_env --print           # the pip commands only
 """
 
 from __future__ import annotations
