@@ -44,17 +44,20 @@ import sys
 import types
 from types import SimpleNamespace
 
+from model_states import parse_variants
 from tp_model import (  # this script's directory is on sys.path
     count_all_reduces,
     finish_loading,
-    forward_states,
     forward_step,
+    graphs_per_variant,
     import_with_placeholder_ops,
     model_facts,
+    rank_parser,
     rank_record,
+    states_per_variant,
     tp_groups,
 )
-from v32_states import PROMPT, _ModelBuildConfig, _parse_variants, _stand_in_attention, _tensor
+from v32_states import PROMPT, _ModelBuildConfig, _stand_in_attention, _tensor
 
 HIDDEN, INTERMEDIATE, VOCAB, EPS = 64, 128, 1024, 1e-6
 PACKAGE = "vllm.models.minimax_m3"
@@ -193,35 +196,20 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
         step = functools.partial(forward_step, vllm_config, len(PROMPT))
-        results = []
+        functions = {"stock": stock, "patched": forward} if args.hotfix else {"stock": stock}
+        inputs = (ids, positions, *extra)
         with torch.no_grad():
-            for variant in _parse_variants(args.variants):
-                model.aux_hidden_state_layers = variant
-                entry = {"ids": variant}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    if label == "patched" and not args.hotfix:
-                        continue
-                    call = functools.partial(function, model, ids, positions, *extra)
-                    entry[label] = forward_states(call, step, all_reduces)
-                results.append(entry)
-        graphs = {}
-        if args.graph_variants:
-            from model_states import fx_op_counts  # this script's directory is on sys.path
-
-            for variant in _parse_variants(args.graph_variants):
-                model.aux_hidden_state_layers = variant
-                graphs[variant] = {}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    with step():
-                        traced = functools.partial(function, model)
-                        graphs[variant][label] = fx_op_counts(traced, (ids, positions, *extra))
+            results = states_per_variant(
+                model, parse_variants(args.variants), functions, inputs, step, all_reduces
+            )
+        both = {"stock": stock, "patched": forward}
+        graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
 
     record = rank_record(
         rank,
         world,
         results=results,
-        loaded=sorted(loaded or []),
-        **model_facts(model, forward, args.hotfix),
+        **model_facts(model, forward, args.hotfix, loaded),
         deferred=[not layer.mlp.down_proj.reduce_results for layer in model.layers],
         fuse_input=[bool(layer.fuse_input_allreduce) for layer in model.layers],
         fuse_final=getattr(model, "fuse_final_norm_allreduce", None),
@@ -231,17 +219,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--variants", default="1,2,3")
-    parser.add_argument("--hotfix", action="store_true")
-    parser.add_argument(
-        "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
-    )
-    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
-    args = parser.parse_args()
+    args = rank_parser(__doc__).parse_args()
 
     from tp_ranks import run_ranks  # this script's directory is on sys.path
 

@@ -25,7 +25,7 @@ import in_process  # a sibling module: this script's directory is on sys.path
 from first_prefill import after_init, copy_output, first_prefill_hook
 
 
-def _parse_variants(text: str) -> list[tuple[int, ...]]:
+def parse_variants(text: str) -> list[tuple[int, ...]]:
     """'1,4;4;' -> [(1, 4), (4,), ()]"""
     return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
 
@@ -93,9 +93,9 @@ def main() -> None:
     from vllm.compilation.counter import compilation_counter
     from vllm.model_executor.models import deepseek_v2
 
-    variants = _parse_variants(args.variants)
-    graph_variants = _parse_variants(args.graph_variants) if args.graph_variants else []
-    parent_variants = _parse_variants(args.parent_variants) if args.parent_variants else []
+    variants = parse_variants(args.variants)
+    graph_variants = parse_variants(args.graph_variants) if args.graph_variants else []
+    parent_variants = parse_variants(args.parent_variants) if args.parent_variants else []
     if (graph_variants or parent_variants) and args.mode != "eager":
         sys.exit("--graph-variants and --parent-variants need --mode eager")
     captured: dict[str, object] = {}

@@ -7,6 +7,8 @@ what harness/child/v32_states.py, minimax_m3_states.py and verify_v32.py each ne
 - `finish_loading`, `forward_step`, `count_all_reduces`, `forward_states`: after loading weights,
   one forward context per call (as vLLM makes one per step), vLLM's all-reduces counted, and what
   a forward returned, as the tests compare it;
+- `states_per_variant`, `graphs_per_variant`: stock and patched over the aux id lists;
+- `rank_parser`: the arguments the states scripts share;
 - `rank_record`, `model_facts`: what every rank saves (rank, world, vLLM version; final norm, the
   forward's file, hotfix status).
 
@@ -16,6 +18,8 @@ No sibling imports at the top: the test process and the GPU dry run import it as
 
 from __future__ import annotations
 
+import argparse
+import functools
 import importlib
 import re
 from collections.abc import Callable, Iterator
@@ -112,6 +116,68 @@ def forward_states(call: Callable[[], object], step: Callable[[], object], all_r
     }
 
 
+def states_per_variant(
+    model: object,
+    variants: list[tuple[int, ...]],
+    functions: dict[str, Callable],
+    inputs: tuple,
+    step: Callable[[], object],
+    all_reduces: list[int],
+    errors: bool = False,
+) -> list[dict]:
+    """For each aux id list, each of `functions` (label -> forward) on the model and `inputs`: its
+    states (`forward_states`), or, with `errors`, the error it raised (stock fails for some ids:
+    that is the bug)."""
+    results = []
+    for variant in variants:
+        model.aux_hidden_state_layers = variant
+        entry: dict = {"ids": variant}
+        for label, function in functions.items():
+            call = functools.partial(function, model, *inputs)
+            try:
+                entry[label] = forward_states(call, step, all_reduces)
+            except Exception as error:
+                if not errors:
+                    raise
+                entry[label] = {"error": f"{type(error).__name__}: {error}"}
+        results.append(entry)
+    return results
+
+
+def graphs_per_variant(
+    model: object, variants: str, functions: dict[str, Callable], inputs: tuple, step: Callable[[], object]
+) -> dict:
+    """For each aux id list of `variants` ('1,2;1,2,4', `--graph-variants`; none when empty), the
+    Dynamo FX graph op counts of each of `functions` (fullgraph)."""
+    if not variants:
+        return {}
+    from model_states import fx_op_counts, parse_variants  # this script's directory is on sys.path
+
+    graphs: dict = {}
+    for variant in parse_variants(variants):
+        model.aux_hidden_state_layers = variant
+        graphs[variant] = {}
+        for label, function in functions.items():
+            with step():
+                graphs[variant][label] = fx_op_counts(functools.partial(function, model), inputs)
+    return graphs
+
+
+def rank_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every states script takes; each adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--variants", default="1,2,3")
+    parser.add_argument("--hotfix", action="store_true")
+    parser.add_argument(
+        "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
+    )
+    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
+    return parser
+
+
 def rank_record(rank: int, world: int, **more: object) -> dict:
     """What every rank saves first: who it was and the vLLM it ran; then `more`."""
     import vllm
@@ -119,15 +185,16 @@ def rank_record(rank: int, world: int, **more: object) -> dict:
     return {"rank": rank, "world": world, "vllm": vllm.__version__, **more}
 
 
-def model_facts(model: object, forward: object, hotfix: bool) -> dict:
-    """The final norm the tests' oracles apply, the file the forward came from, and the hotfix's
-    status (with the hotfix armed): the same keys for every model a rank saves."""
+def model_facts(model: object, forward: object, hotfix: bool, loaded: object) -> dict:
+    """The weights loaded, the final norm the tests' oracles apply, the file the forward came from,
+    and the hotfix's status (with the hotfix armed): the same keys for every model a rank saves."""
     status = None
     if hotfix:
         import vllm_hotfix
 
         status = vllm_hotfix.status()
     return {
+        "loaded": sorted(loaded or []),
         "norm_weight": model.norm.weight.detach().clone(),
         "norm_eps": model.norm.variance_epsilon,
         "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,

@@ -41,10 +41,6 @@ PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 64, 4, 16, 128, 1024
 
 
-def _parse_variants(text: str) -> list[tuple[int, ...]]:
-    return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
-
-
 def _stand_in_attention() -> type:
     import torch
     from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -219,13 +215,15 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         import vllm_hotfix  # noqa: F401
 
     from cpu_kernels import moe_kernel_path, moe_layer_shapes  # this script's directory is on sys.path
+    from model_states import parse_variants
     from tp_model import (
         count_all_reduces,
         finish_loading,
-        forward_states,
         forward_step,
+        graphs_per_variant,
         model_facts,
         rank_record,
+        states_per_variant,
         tp_groups,
     )
 
@@ -264,42 +262,23 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         positions = torch.arange(len(PROMPT))
         step = functools.partial(forward_step, vllm_config, len(PROMPT))
 
-        results = []
+        functions = {"stock": stock, "patched": forward} if args.hotfix else {"stock": stock}
+        inputs = (ids, positions)
         with torch.no_grad():
-            for variant in _parse_variants(args.variants):
-                model.aux_hidden_state_layers = variant
-                entry = {"ids": variant}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    if label == "patched" and not args.hotfix:
-                        continue
-                    call = functools.partial(function, model, ids, positions)
-                    try:
-                        entry[label] = forward_states(call, step, all_reduces)
-                    except Exception as error:  # stock fails for some ids: that is the bug
-                        entry[label] = {"error": f"{type(error).__name__}: {error}"}
-                results.append(entry)
+            variants = parse_variants(args.variants)
+            results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
         timings = {}
-        for variant in _parse_variants(args.bench_variants) if args.bench else ():
+        for variant in parse_variants(args.bench_variants) if args.bench else ():
             model.aux_hidden_state_layers = variant
             timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench, step)
-        graphs = {}
-        if args.graph_variants:
-            from model_states import fx_op_counts
-
-            for variant in _parse_variants(args.graph_variants):
-                model.aux_hidden_state_layers = variant
-                graphs[variant] = {}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    with step():
-                        counts = fx_op_counts(functools.partial(function, model), (ids, positions))
-                    graphs[variant][label] = counts
+        both = {"stock": stock, "patched": forward}
+        graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
 
     record = rank_record(
         rank,
         world,
         results=results,
-        loaded=sorted(loaded or []),
-        **model_facts(model, forward, args.hotfix),
+        **model_facts(model, forward, args.hotfix, loaded),
         unfused_embedding=unfused_embedding,
         graphs=graphs,
         timings=timings,
@@ -311,23 +290,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--world", type=int, default=1)
+    from tp_model import rank_parser  # this script's directory is on sys.path
+
+    parser = rank_parser(__doc__)
     parser.add_argument("--vendor", default="nvidia")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--variants", default="1,2,3")
-    parser.add_argument("--hotfix", action="store_true")
     parser.add_argument("--moe", action="store_true", help=f"layers {DENSE}+ are MoE layers")
     parser.add_argument(
         "--sequence-parallel", action="store_true", help="vLLM 0.28+'s sequence-parallel path"
     )
     parser.add_argument("--bench", type=int, default=0, help="timed calls per forward and id list")
     parser.add_argument("--bench-variants", default=";1,2,3;1,2,3,4")
-    parser.add_argument(
-        "--graph-variants", default="", help="id lists whose Dynamo FX graphs are counted, stock and patched"
-    )
-    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     args = parser.parse_args()
 
     from tp_ranks import run_ranks  # this script's directory is on sys.path
