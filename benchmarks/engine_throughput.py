@@ -4,7 +4,7 @@ greedy); the figure is the median of the per-round ratios, with the 95% CI of th
 Pairs (--pairs):
 - `in-engine` (default): ids [1,2], patched against stock forward in ONE engine of vLLM 0.24.0 with
   the hotfix imported, the class's forward swapped between generate calls, order alternating
-  (harness/engine_ab.py, --ab-rounds rounds). Fresh engines differ from start to start by more
+  (harness/child/engine_ab.py, --ab-rounds rounds). Fresh engines differ from start to start by more
   than 1%; this pair is the one that can tell a 1% difference.
 - `upstream` (default): ids [1,2,4], the hotfix on 0.24.0 against vLLM 0.25.0 (upstream's fix):
   different releases need different engines, so fresh engines of the two sides alternate (A, B,
@@ -31,8 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.bench_results import Recorder, Row, ratio_text, summary
+from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import BUG, FIXED, TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
 from harness.ways_in import Ways
 
 # pair -> (ids, (label, way, version, env) of the measured side, then of the reference side)
@@ -121,7 +121,8 @@ def main() -> None:
 
 
 def in_engine(testenv: TestEnv, work: Path, args: argparse.Namespace, figures: dict[str, object]) -> Row:
-    """The `in-engine` pair: harness/engine_ab.py in one engine, stock and patched forward alternating."""
+    """The `in-engine` pair: harness/child/engine_ab.py in one engine, stock and patched forward
+    alternating."""
     out = work / "engine-ab.json"
     command = [testenv.script("engine_ab"), "--checkpoint", str(work / "tiny"), "--out", str(out)]
     command += ["--rounds", str(args.ab_rounds), "--max-tokens", str(args.max_tokens), "--ids", "1,2"]

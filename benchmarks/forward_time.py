@@ -1,5 +1,5 @@
 """What the fix costs in DeepseekV2Model's forward: stock against patched in ONE process, on ONE model
-instance, alternating call by call (harness/forward_ab.py), so that process-to-process noise
+instance, alternating call by call (harness/child/forward_ab.py), so that process-to-process noise
 (measured on this 2-core VM: ratios from 0.92 to 1.24 between separate engines running the same
 graph) does not enter the figure.
 
@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.bench_results import Recorder, Row, ratio_text, summary
+from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import BUG, TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
 
 
 def main() -> None:

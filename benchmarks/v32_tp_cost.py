@@ -1,5 +1,5 @@
 """What the DeepseekV32Model fix costs under tensor parallelism, on CPU: the forward of vLLM's real
-DeepseekV32Model (harness/v32_states.py: 4 dense layers, hidden 64, 12 tokens, float32, DSA
+DeepseekV32Model (harness/child/v32_states.py: 4 dense layers, hidden 64, 12 tokens, float32, DSA
 attention replaced by its CPU stand-in) at TP=2 over gloo, stock and patched alternating call by
 call in the same processes on the same model, for no aux id, three in-loop ids, and those plus the
 final layer. Prints, per id list, the median time per call of each and the median of the per-round

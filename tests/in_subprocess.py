@@ -17,9 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from harness.testenv import BUG, TestEnv
+from harness.testenv import BUG, RESULT, TestEnv, child_result
 
-RESULT = "RESULT "
 CHILD = """\
 import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location({module!r}, {path!r})
@@ -54,11 +53,10 @@ def run_in_subprocess(
     """`function(*args)` in a fresh interpreter on `version` with `env`: the dict it returns, plus
     "_log", the child's stdout and stderr lines. The child must succeed."""
     result = _run(testenv, function, args, version, env)
-    lines = [line for line in result.stdout.splitlines() if line.startswith(RESULT)]
-    assert result.returncode == 0 and lines, (
+    facts = child_result(result.stdout)
+    assert result.returncode == 0 and facts is not None, (
         f"{function.__name__} failed in the child:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     )
-    facts = json.loads(lines[-1][len(RESULT) :])
     assert isinstance(facts, dict), f"{function.__name__} must return a dict, not {facts!r}"
     facts["_log"] = (result.stdout + result.stderr).splitlines()
     return facts

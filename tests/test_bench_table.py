@@ -1,7 +1,8 @@
 """docs/verification.md's benchmark table is made from the files the benchmarks write, and from nothing else.
 
 A benchmark prints its figures and writes them to benchmarks/results/NAME.json
-(harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files.
+(harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files
+(harness/tables.py).
 These tests fail when a figure in that file was edited by hand or a result file is incomplete.
 """
 
@@ -14,13 +15,21 @@ from pathlib import Path
 import pytest
 
 from harness import bench_results, matrix
-from harness.bench_results import BENCHMARKS, RESULTS_DIR, Recorder, Row, median_ci, render, table_in
+from harness.bench_results import BENCHMARKS, RESULTS_DIR, Recorder, Row, median_ci
+from harness.tables import (
+    BENCHMARK_MARKERS,
+    MATRIX_MARKERS,
+    benchmark_table,
+    matrix_table,
+    table_in,
+    with_table,
+)
 
 VERIFICATION = Path(__file__).resolve().parent.parent / "docs" / "verification.md"
 
 
 def test_documented_table_is_the_one_the_result_files_give() -> None:
-    assert table_in(VERIFICATION.read_text(encoding="utf-8")) == render(), (
+    assert table_in(VERIFICATION.read_text(encoding="utf-8")) == benchmark_table(), (
         "docs/verification.md's benchmark table differs from benchmarks/results/:"
         " run `python scripts/update_bench_table.py`"
     )
@@ -28,22 +37,22 @@ def test_documented_table_is_the_one_the_result_files_give() -> None:
 
 def test_documented_matrix_is_the_one_the_row_files_give() -> None:
     text = VERIFICATION.read_text(encoding="utf-8")
-    assert table_in(text, matrix.MATRIX_START, matrix.MATRIX_END) == matrix.render(), (
+    assert table_in(text, MATRIX_MARKERS) == matrix_table(), (
         "docs/verification.md's release matrix differs from benchmarks/results/matrix/:"
         " run `python scripts/update_bench_table.py`"
     )
 
 
 def test_a_saved_matrix_row_is_what_the_matrix_table_shows(tmp_path: Path) -> None:
-    assert "Not run yet: 0.18.0 eager, 0.18.0 compile" in matrix.render(tmp_path)
+    assert "Not run yet: 0.18.0 eager, 0.18.0 compile" in matrix_table(tmp_path)
     row = matrix.Row("0.18.0", "eager", "[1,2,4]: 2 of 3 states", "patched", "final = h+r", 12.0, True)
     matrix.save(row, tmp_path, (0.5, 0.75))
-    table = matrix.render(tmp_path)
+    table = matrix_table(tmp_path)
     assert "| 0.18.0 | eager | [1,2,4]: 2 of 3 states | patched | PASS: final = h+r | 12 |" in table
     assert "0.18.0 eager," not in table.split("Not run yet:")[1]
     compiled = matrix.Row("0.18.0", "compile (DYNAMO_TRACE_ONCE, inductor)", "-", "patched", "ok", 1.0, True)
     assert matrix.save(compiled, tmp_path).name == "0.18.0--compile.json"
-    assert "0.18.0 compile," not in matrix.render(tmp_path).split("Not run yet:")[1]
+    assert "0.18.0 compile," not in matrix_table(tmp_path).split("Not run yet:")[1]
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS_DIR.glob("*.json")), ids=lambda p: p.stem)
@@ -60,13 +69,13 @@ def test_each_result_file_says_what_where_and_when(path: Path) -> None:
 def test_a_recorded_result_is_what_the_table_shows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert "| startup | not measured yet |" in render(tmp_path)
+    assert "| startup | not measured yet |" in benchmark_table(tmp_path)
     recorder = Recorder("startup", "bash scripts/bench.sh startup --runs 3")
     recorder.write(
         [Row("what it measured", "1.23 ms")], {"runs": 3}, {"Python": "3.11"}, results_dir=tmp_path
     )
     assert "README row: what it measured | 1.23 ms" in capsys.readouterr().out
-    table = render(tmp_path)
+    table = benchmark_table(tmp_path)
     assert "| what it measured | 1.23 ms |" in table and "Python 3.11" in table
     assert "| startup | not measured yet |" not in table
     with pytest.raises(ValueError, match="unknown benchmark"):
@@ -81,7 +90,8 @@ def test_median_interval_is_the_order_statistics_interval() -> None:
 
 
 def test_table_replacement_keeps_the_rest_of_the_file() -> None:
-    readme = f"before\n{bench_results.START}\nold\n{bench_results.END}\nafter\n"
-    updated = bench_results.with_table(readme, "new\n")
-    assert updated == f"before\n{bench_results.START}\nnew\n{bench_results.END}\nafter\n"
+    start, end = BENCHMARK_MARKERS
+    readme = f"before\n{start}\nold\n{end}\nafter\n"
+    updated = with_table(readme, "new\n")
+    assert updated == f"before\n{start}\nnew\n{end}\nafter\n"
     assert table_in(updated) == "new\n"

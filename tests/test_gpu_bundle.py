@@ -4,7 +4,7 @@ Offline: slim wheels keep exactly the chosen members with a valid RECORD; pack â
 assemble gives back the same bytes (sha256 of the archive and of every file), and refuses a changed
 part; the runbook's `run` calls fit the tool's limits; the checks' comparisons pass on agreeing
 runs and fail on each kind of disagreement. With the network and VLLM_HOTFIX_GPU_DRY_RUN=1: the
-whole dry run (`bash scripts/gpu_prepare.sh --dry-run`: minutes, ~2 GB of downloads the first time).
+whole dry run (`bash gpu/prepare.sh --dry-run`: minutes, ~2 GB of downloads the first time).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import gpu_bundle
+from gpu import bundle
 from harness.testenv import REPO
 
 
@@ -52,11 +52,11 @@ def _fake_vllm_wheel(path: Path, version: str) -> Path:
     return wheel
 
 
-@pytest.mark.parametrize("version", [gpu_bundle.BUG, gpu_bundle.V32])
+@pytest.mark.parametrize("version", [bundle.BUG, bundle.V32])
 def test_slim_wheel_keeps_the_chosen_members_with_a_valid_record(tmp_path: Path, version: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    slim = gpu_bundle.slim_wheel(_fake_vllm_wheel(tmp_path, version), out, version)
+    slim = bundle.slim_wheel(_fake_vllm_wheel(tmp_path, version), out, version)
     with zipfile.ZipFile(slim) as zf:
         names = set(zf.namelist())
         assert all(info.compress_type == zipfile.ZIP_STORED for info in zf.infolist())
@@ -87,7 +87,7 @@ def test_slim_wheel_keeps_the_chosen_members_with_a_valid_record(tmp_path: Path,
         "vllm/third_party/deep_gemm/include/y.hpp",
         "vllm/third_party/deep_gemm/_C.cpython-312-x86_64-linux-gnu.so",
     }
-    assert (deep_gemm <= names) == (version == gpu_bundle.V32)
+    assert (deep_gemm <= names) == (version == bundle.V32)
     assert "vllm/third_party/deep_gemm/__init__.py" in names
 
 
@@ -99,9 +99,7 @@ def _packed(tmp_path: Path) -> tuple[dict, Path, Path]:
     tool = tmp_path / "zstandard-0.25.0-cp312-cp312-manylinux_2_17_x86_64.whl"
     tool.write_bytes(b"tool")
     out = tmp_path / "gpu-bundle"
-    manifest = gpu_bundle.pack(
-        staging, [tool], out, tmp_path, {"recipe": "test"}, level=3, part_bytes=256 * 1024
-    )
+    manifest = bundle.pack(staging, [tool], out, tmp_path, {"recipe": "test"}, level=3, part_bytes=256 * 1024)
     return manifest, out, staging
 
 
@@ -117,10 +115,10 @@ def test_parts_stage_and_assemble_to_the_same_bytes(tmp_path: Path) -> None:
         shutil.copy2(out / part["name"], incoming / part["name"])
         if part is manifest["parts"][-1]:
             shutil.copy2(out / manifest["tools"][0]["name"], incoming / manifest["tools"][0]["name"])
-        gpu_bundle.stage(incoming, manifest, stage)
+        bundle.stage(incoming, manifest, stage)
         assert not (incoming / part["name"]).exists()
     unpacked = tmp_path / "unpacked"
-    gpu_bundle.assemble(stage, manifest, unpacked, stage / "tools")
+    bundle.assemble(stage, manifest, unpacked, stage / "tools")
     for entry in manifest["contents"]:
         assert (unpacked / entry["name"]).read_bytes() == (staging / entry["name"]).read_bytes()
 
@@ -133,28 +131,28 @@ def test_a_changed_part_is_refused(tmp_path: Path) -> None:
     data[100] ^= 1
     part.write_bytes(bytes(data))
     with pytest.raises(SystemExit, match="sha256"):
-        gpu_bundle.stage(out, manifest, tmp_path / "stage")
+        bundle.stage(out, manifest, tmp_path / "stage")
 
 
 def test_the_runbook_names_only_commands_that_exist() -> None:
-    """Every `bash benchmarks/gpu_check.sh MODE` and `python3 -m harness.gpu_bundle SUB` that
+    """Every `bash gpu/check.sh MODE` and `python3 -m gpu.bundle SUB` that
     docs/gpu-runbook.md tells a user to run is one the script and the module accept."""
     import re
 
     runbook = (REPO / "docs" / "gpu-runbook.md").read_text()
-    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    script = (REPO / "gpu" / "check.sh").read_text()
     modes = set(re.findall(r"^    ([\w-]+)\)", script, re.M))
-    named = set(re.findall(r"bash benchmarks/gpu_check\.sh ([\w-]+)", runbook))
+    named = set(re.findall(r"bash gpu/check\.sh ([\w-]+)", runbook))
     assert named and named <= modes, named - modes
     assert {"install", "install-online", "v2", "v32"} <= named
-    source = (REPO / "harness" / "gpu_bundle.py").read_text()
+    source = (REPO / "gpu" / "bundle.py").read_text()
     subcommands = set(re.findall(r'add_parser\("(\w+)"', source))
-    used = set(re.findall(r"python3 -m harness\.gpu_bundle (\w+)", runbook))
+    used = set(re.findall(r"python3 -m gpu\.bundle (\w+)", runbook))
     assert used and used <= subcommands, used - subcommands
 
 
 def test_the_lock_is_pinned_and_leaves_torch_to_the_machine() -> None:
-    lock = gpu_bundle.lock_requirements()
+    lock = bundle.lock_requirements()
     assert lock and all(line.count("==") == 1 and " " not in line for line in lock)
     names = {line.split("==")[0] for line in lock}
     assert not names & {"torch", "triton", "vllm", "torchvision", "torchaudio"}
@@ -163,10 +161,10 @@ def test_the_lock_is_pinned_and_leaves_torch_to_the_machine() -> None:
 
 
 def test_gpu_check_sh_stages_installs_and_runs() -> None:
-    script = (REPO / "benchmarks" / "gpu_check.sh").read_text()
-    assert "harness.gpu_bundle assemble" in script and "harness.gpu_bundle install" in script
-    assert subprocess.run(["bash", "-n", str(REPO / "benchmarks" / "gpu_check.sh")]).returncode == 0
-    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_prepare.sh")]).returncode == 0
+    script = (REPO / "gpu" / "check.sh").read_text()
+    assert "gpu.bundle assemble" in script and "gpu.bundle install" in script
+    assert subprocess.run(["bash", "-n", str(REPO / "gpu" / "check.sh")]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(REPO / "gpu" / "prepare.sh")]).returncode == 0
 
 
 # -- the checks' verdicts on recorded runs -------------------------------------------------------
@@ -195,7 +193,7 @@ def _run(calls: list, ok: bool = True, tokens: object = ((1, 2, 3),)) -> dict:
 
 
 def _v2_runs(torch, final_offset: float = 0.0, inner_offset: float = 0.0) -> dict:
-    from benchmarks import gpu_check as g
+    from gpu import check_v2 as g
 
     a, b, pre, out = (torch.full((3, 4), float(v)) for v in (1, 2, 7, 9))
     patched = [_call([a + inner_offset, b, pre + final_offset], pre, out) for _ in range(3)]
@@ -211,7 +209,7 @@ def _v2_runs(torch, final_offset: float = 0.0, inner_offset: float = 0.0) -> dic
 
 def test_gpu_check_verdicts() -> None:
     torch = pytest.importorskip("torch")
-    from benchmarks import gpu_check as g
+    from gpu import check_v2 as g
 
     assert g.compare(_v2_runs(torch)).failed == 0
     assert g.compare(_v2_runs(torch, final_offset=1.0)).failed > 0  # final state is not the pre-norm sum
@@ -223,7 +221,7 @@ def test_gpu_check_verdicts() -> None:
 
 def test_gpu_check_v32_verdicts() -> None:
     torch = pytest.importorskip("torch")
-    from benchmarks import gpu_check_v32 as g
+    from gpu import check_v32 as g
 
     a, b, pre, out = (torch.full((3, 4), float(v)) for v in (1, 2, 7, 9))
 
@@ -246,7 +244,7 @@ def test_gpu_check_v32_verdicts() -> None:
 def test_gpu_check_v32_reaches_the_file_by_the_registry_from_0_29() -> None:
     """0.26.0 needs model_class_overrides to reach the nvidia file; 0.32.0 is sent there by vLLM's
     own registry on CUDA, so the check must not override it (it would hide a registry change)."""
-    from benchmarks import gpu_check_v32 as g
+    from gpu import check_v32 as g
 
     assert "--model-class-override" in g.engine_args("0.26.0")
     assert "--model-class-override" not in g.engine_args("0.32.0")
@@ -254,7 +252,7 @@ def test_gpu_check_v32_reaches_the_file_by_the_registry_from_0_29() -> None:
 
 
 def test_gpu_check_v32_says_how_to_get_a_release_the_bundle_lacks(tmp_path: Path) -> None:
-    from benchmarks import gpu_check_v32 as g
+    from gpu import check_v32 as g
     from harness.testenv import TestEnv
 
     testenv = TestEnv(tmp_path)
@@ -266,13 +264,13 @@ def test_gpu_check_v32_says_how_to_get_a_release_the_bundle_lacks(tmp_path: Path
 
 
 def test_gpu_env_online_commands_build_the_layout_testenv_runs(tmp_path: Path) -> None:
-    """`gpu_check.sh install-online`: plain pip, vllm 0.24.0 in venv/, 0.25.0 and 0.26.0 beside it
+    """`gpu/check.sh install-online`: plain pip, vllm 0.24.0 in venv/, 0.25.0 and 0.26.0 beside it
     (no dependencies, their unmet requirements into venv/), vllm 0.32.0 with its own torch in
     newest/venv: the directories harness/testenv.py looks for."""
-    from harness import gpu_env
+    from gpu import online_env
     from harness.testenv import base_venv
 
-    steps = [" ".join(step) for step in gpu_env.commands(tmp_path, "/usr/bin/python3")]
+    steps = [" ".join(step) for step in online_env.commands(tmp_path, "/usr/bin/python3")]
     assert steps[0] == f"/usr/bin/python3 -m venv {tmp_path}/venv"
     assert any(s.endswith("install --disable-pip-version-check vllm==0.24.0") for s in steps)
     for version in ("0.25.0", "0.26.0"):
@@ -291,7 +289,7 @@ def test_gpu_env_online_commands_build_the_layout_testenv_runs(tmp_path: Path) -
 )
 def test_gpu_dry_run(testenv) -> None:
     done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "gpu_prepare.sh"), "--dry-run"],
+        ["bash", str(REPO / "gpu" / "prepare.sh"), "--dry-run"],
         capture_output=True,
         text=True,
         timeout=7200,
@@ -306,7 +304,7 @@ def test_the_oracle_hooks_trace_into_vllms_compiled_forward(testenv, tiny_checkp
     default compile (inductor), ids [1,2,4]: the pre-hook's sum equals the final state every call."""
     import torch
 
-    from benchmarks import gpu_check as g
+    from gpu import check_v2 as g
     from harness.testenv import BUG
     from harness.ways_in import Ways
 

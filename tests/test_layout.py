@@ -81,3 +81,53 @@ def test_runtime_core_fixes_and_release_tooling_each_in_their_own_place() -> Non
         assert tooling <= allowed, f"{path.relative_to(REPO)} imports {sorted(tooling - allowed)}"
     tooling_modules = [p for p in (package / "releases").glob("*.py") if p.name != "__init__.py"]
     assert tooling_modules, "no release tooling found where it belongs"
+
+
+# The repository's non-package code, by job: harness/ (drivers used from the test process),
+# harness/child/ (what runs inside a child interpreter), gpu/ (the GPU kit), benchmarks/, scripts/.
+CHILD = REPO / "harness" / "child"
+HOST_CODE = ("harness", "gpu", "benchmarks", "scripts", "tests")
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The modules the file imports when it is imported (module level, not inside a function)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _host_files() -> list[Path]:
+    return [
+        path for folder in HOST_CODE for path in (REPO / folder).rglob("*.py") if CHILD not in path.parents
+    ]
+
+
+def test_child_code_never_reaches_the_repository() -> None:
+    """A harness/child/ script runs by path with the test environment's Python and the repository
+    off sys.path (stock vLLM, no vllm_hotfix from the checkout): it imports its siblings by bare
+    name, never `harness.*`, and a bare name it imports is a sibling."""
+    drivers = {path.stem for path in (REPO / "harness").glob("*.py")} - {"__init__"}
+    for path in CHILD.rglob("*.py"):
+        wrong = sorted(n for n in _imports(path) if n.split(".")[0] in {"harness", *drivers})
+        assert not wrong, f"{path.relative_to(REPO)} imports {wrong}"
+
+
+def test_the_test_process_reaches_child_code_only_as_harness_child() -> None:
+    """Drivers, the GPU kit, benchmarks, scripts and tests import harness/child/ modules as
+    `harness.child.NAME` (never by bare name), and only those that import no sibling at module
+    level, so that the import works without harness/child on sys.path."""
+    siblings = {path.stem for path in CHILD.glob("*.py")} - {"__init__"}
+    for path in _host_files():
+        names = _imports(path)
+        bare = sorted(n for n in names if n.split(".")[0] in siblings)
+        assert not bare, f"{path.relative_to(REPO)} imports child modules by bare name: {bare}"
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["harness", "child"] and len(parts) > 2 and parts[2] in siblings:
+                child = CHILD / f"{parts[2]}.py"
+                top = {n.split(".")[0] for n in _top_level_imports(child)} & siblings
+                assert not top, f"{path.relative_to(REPO)} imports {child.name}, which imports {top} at load"

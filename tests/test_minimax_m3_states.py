@@ -1,5 +1,5 @@
 """MiniMaxM3Model (nvidia file): the fix's states against oracles that do not depend on the fix, on
-vLLM's real model code at TP=1 and TP=2 (harness/minimax_m3_states.py).
+vLLM's real model code at TP=1 and TP=2 (harness/child/minimax_m3_states.py).
 
 Real vLLM: MiniMaxM3Model's __init__ (which sets the deferred-reduce fusion: each layer's
 `fuse_input_allreduce`, the model's `fuse_final_norm_allreduce`) and forward, the decoder layers,

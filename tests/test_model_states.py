@@ -2,7 +2,7 @@
 
 Each run builds the real DeepseekV3ForCausalLM of that vLLM release through vLLM's own engine (its
 config, distributed context, weight loader and runner) on the tiny checkpoint, and reads the
-states DeepseekV2Model returns on a real prefill (see harness/model_states.py).
+states DeepseekV2Model returns on a real prefill (see harness/child/model_states.py).
 """
 
 from __future__ import annotations

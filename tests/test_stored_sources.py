@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from tests.declared import expected_verdict
-from tests.stored_sources import INDEX, REFRESH, SOURCES, Case, cases, index, text
+from tests.stored_sources import INDEX, REFRESH, SOURCES, SUFFIX, Case, cases, index, text
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 
@@ -60,14 +60,14 @@ def test_stored_files_are_named_by_their_content_and_all_in_use() -> None:
     for row in index()["releases"]:
         for fix_id, entry in row.get("fixes", {}).items():
             digests = [entry["function"], *entry["related"].values()]
-            used |= {f"{fix_id}/{digest}.py" for digest in digests if digest is not None}
-    stored = {path.relative_to(SOURCES).as_posix() for path in SOURCES.rglob("*.py")}
+            used |= {f"{fix_id}/{digest}{SUFFIX}" for digest in digests if digest is not None}
+    stored = {path.relative_to(SOURCES).as_posix() for path in SOURCES.rglob(f"*{SUFFIX}")}
     assert stored == used, f"missing: {sorted(used - stored)}; unused: {sorted(stored - used)}"
     size = INDEX.stat().st_size
     for path in stored:
         fix_id, name = path.split("/")
-        content = text(fix_id, name[: -len(".py")])
-        assert hashlib.sha256(content.encode()).hexdigest().startswith(name[: -len(".py")]), path
+        content = text(fix_id, name[: -len(SUFFIX)])
+        assert hashlib.sha256(content.encode()).hexdigest().startswith(name[: -len(SUFFIX)]), path
         size += len(content.encode())
     assert size < MAX_BYTES, f"the stored sources take {size} bytes"
 

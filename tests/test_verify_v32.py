@@ -1,4 +1,4 @@
-"""The in-worker check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/verify_v32.py):
+"""The in-worker check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py):
 stock fails (the ranks hold different per-rank partial sums; the final id is missing), patched
 passes every check, final id included. The same `check_step` and final-norm probe the engine's
 workers use, over vLLM's own TP group (gloo)."""

@@ -1,6 +1,6 @@
 """GPU check of `deepseek-v32-final-aux-nvidia` (DeepseekV32Model) on one GPU, TP=1, on a chosen vllm
 release (`--release`): 0.26.0 (the newest vllm on torch 2.11.0: the offline bundle's and the online
-environment's) or 0.32.0 (torch 2.13.0: the online environment only, harness/gpu_env.py). Its
+environment's) or 0.32.0 (torch 2.13.0: the online environment only, gpu/online_env.py). Its
 `vllm/models/deepseek_v32/nvidia/model.py` with the real DSA attention (sparse MLA through FlashMLA,
 the lightning indexer through DeepGEMM, an fp8_ds_mla KV cache: the only DSA path on SM90), vLLM's
 default compilation and CUDA graph settings, extract_hidden_states with the final layer, on a tiny
@@ -17,11 +17,11 @@ with it (ids [1,2,4]). Oracles, per proposer call (the prefill runs eagerly betw
 segments, decode steps replay CUDA graphs):
 - in-loop states (ids 1, 2) equal stock's bit for bit (at TP=1 the fix changes nothing else);
 - the final state equals `hidden_states + residual` at the input of the model's final norm (a forward
-  pre-hook on that norm, in the same process and step; harness/capture_site): on every release the
+  pre-hook on that norm, in the same process and step; harness/child/sites/capture): on every release the
   fix takes it from the final fused norm's second output;
 - the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
   stock's.
-Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gpu_check import Report, _compile_lines, _diff, check_verify
+from gpu.check_v2 import Report, _compile_lines, _diff, check_verify
 
 if TYPE_CHECKING:
     from harness.testenv import TestEnv
@@ -77,7 +77,7 @@ def missing_release(testenv: TestEnv, release: str) -> str | None:
         return None
     return (
         f"vllm {release} is not installed in {testenv.root} (no {python}): build the environment"
-        " with `bash benchmarks/gpu_check.sh install-online` (plain pip); the offline bundle"
+        " with `bash gpu/check.sh install-online` (plain pip); the offline bundle"
         " carries no torch, so it stops at vllm 0.26.0"
     )
 
@@ -174,8 +174,8 @@ def main() -> int:
 
     import torch
 
+    from harness.child.tiny_checkpoint import build as build_checkpoint
     from harness.testenv import TestEnv
-    from harness.tiny_checkpoint import build as build_checkpoint
     from harness.ways_in import Ways
 
     parser = argparse.ArgumentParser(

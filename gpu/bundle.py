@@ -1,13 +1,13 @@
 """The GPU checks' offline bundle: what an air-gapped CUDA machine (no network; files brought in by
 hand, in parts under 60 MiB for channels that limit file sizes) must receive to run
-benchmarks/gpu_check.py and benchmarks/gpu_check_v32.py, and how it is unpacked and installed.
+gpu/check_v2.py and gpu/check_v32.py, and how it is unpacked and installed.
 
 Subcommands (docs/gpu-runbook.md says when each runs):
 
 - `prepare` (here, with PyPI): downloads the vllm CUDA wheels of VLLM_VERSIONS, writes a slim copy of
   each (every Python file, only the compiled extensions in KEEP_BINARIES, uncompressed so that the
   three releases' near-identical kernels compress together), downloads the dependency wheels pinned
-  in benchmarks/gpu/requirements.txt, packs everything into one tar compressed with zstd (long
+  in gpu/requirements.txt, packs everything into one tar compressed with zstd (long
   window), and splits it into parts under 60 MiB in gpu-bundle/ with gpu-bundle/manifest.json
   (sha256 and size of every part, of the archive and of every file in it);
 - `assemble` (there; standard library plus zstd or the carried `zstandard` wheel): checks every
@@ -42,7 +42,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE_DIR = REPO / "gpu-bundle"
-LOCK = REPO / "benchmarks" / "gpu" / "requirements.txt"
+LOCK = Path(__file__).resolve().parent / "requirements.txt"
 CACHE = Path(os.environ.get("VLLM_HOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
 # On the GPU machine, outside the working tree.
 STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")

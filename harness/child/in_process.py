@@ -1,6 +1,6 @@
 """How a harness script runs vLLM's engine inside its own process on CPU: environment, engine, prompt.
 
-Imported by scripts run by path (harness/model_states.py, forward_ab.py, engine_ab.py): their
+Imported by scripts run by path (harness/child/model_states.py, forward_ab.py, engine_ab.py): their
 directory is on sys.path. Defaults only, so a test can still override any of them.
 """
 
@@ -18,7 +18,7 @@ DEFAULTS = {
 # The 12-token prompt the in-process scripts prefill (token ids inside the tiny checkpoint's vocabulary).
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 
-# The engine size for the tiny test checkpoint (harness/tiny_checkpoint.py): eager, float32, one
+# The engine size for the tiny test checkpoint (harness/child/tiny_checkpoint.py): eager, float32, one
 # short prompt at a time; the A/B scripts' two sides share one such engine.
 TINY_ENGINE = {
     "dtype": "float32",

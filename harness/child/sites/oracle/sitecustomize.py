@@ -30,29 +30,29 @@ import os
 ORACLE_DIR = os.environ.get("VLLM_HOTFIX_ORACLE_DIR")
 
 if ORACLE_DIR:
+    import sys
+
     import wrapt
 
+    # harness/child, last on sys.path: the helpers shared with the scripts and the capture site.
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from custom_ops import custom_op
+    from first_prefill import after_init, copy_output, first_prefill_hook
+
     _LATEST: dict = {}  # tap site -> (hidden_states, residual) of the latest forward
-    _STATE: dict = {"model": None, "done": False}
+    _STATE: dict = {"model": None}
     NORM_SITE = -1
 
     def _tap_op():
         import torch
 
-        name = "vllm_hotfix_oracle::tap"
-        if hasattr(torch.ops.vllm_hotfix_oracle, "tap"):
-            return torch.ops.vllm_hotfix_oracle.tap
-
-        @torch.library.custom_op(name, mutates_args=())
         def tap(hidden: torch.Tensor, residual: torch.Tensor, site: int) -> torch.Tensor:
             _LATEST[site] = (hidden.detach().clone(), residual.detach().clone())
             return hidden.clone()
 
-        @tap.register_fake
-        def _(hidden, residual, site):
-            return torch.empty_like(hidden)
-
-        return torch.ops.vllm_hotfix_oracle.tap
+        return custom_op(
+            "vllm_hotfix_oracle::tap", tap, lambda hidden, residual, site: torch.empty_like(hidden)
+        )
 
     def _sums() -> dict:
         """The oracle: aux id -> hidden_states + residual where that id's state is defined."""
@@ -75,12 +75,6 @@ if ORACLE_DIR:
             "hotfix_marker": getattr(function, "__vllm_hotfix__", None) is not None,
         }
 
-    def _record(output) -> dict:
-        if isinstance(output, tuple):
-            hidden, aux = output
-            return {"kind": "tuple", "hidden": hidden.clone(), "aux": [a.clone() for a in aux]}
-        return {"kind": "tensor", "hidden": output.clone(), "aux": None}
-
     def _save(kind: str, payload: dict) -> None:
         import sys
 
@@ -95,28 +89,14 @@ if ORACLE_DIR:
         return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";") if part]
 
     def _instrument_model(module) -> None:
-        import functools
-
         import torch
-        from vllm.forward_context import get_forward_context
 
-        cls = module.DeepseekV2ForCausalLM
-        original_init = cls.__init__
         variants = _variants()
         facts: dict = {}
 
-        def model_hook(lm, args, kwargs, output):
-            if _STATE["done"] or get_forward_context().attn_metadata is None:
-                return output[0] if isinstance(output, tuple) else output
-            _STATE["done"] = True
-            inputs = (
-                kwargs.get("input_ids", args[0] if args else None),
-                kwargs["positions"] if "positions" in kwargs else args[1],
-                kwargs.get("intermediate_tensors"),
-                kwargs.get("inputs_embeds"),
-            )
+        def on_prefill(lm, inputs, output) -> None:
             key = ",".join(map(str, variants[0]))
-            results = {key: {**_record(output), "oracle": _sums()}}
+            results = {key: {**copy_output(output), "oracle": _sums()}}
             stock_here = {}
             forward = vars(type(lm.model))["forward"]
             if facts["eager"]:
@@ -125,10 +105,10 @@ if ORACLE_DIR:
                     lm.model.aux_hidden_state_layers = variant
                     name = ",".join(map(str, variant))
                     if name not in results:
-                        results[name] = {**_record(lm.model(*inputs)), "oracle": _sums()}
+                        results[name] = {**copy_output(lm.model(*inputs)), "oracle": _sums()}
                     wrapped = getattr(forward, "__wrapped__", None)
                     if wrapped is not None:  # the hotfix's original: stock, same process, same inputs
-                        stock_here[name] = {**_record(wrapped(lm.model, *inputs)), "oracle": _sums()}
+                        stock_here[name] = {**copy_output(wrapped(lm.model, *inputs)), "oracle": _sums()}
                 lm.model.aux_hidden_state_layers = first
             _save(
                 "model",
@@ -141,11 +121,10 @@ if ORACLE_DIR:
                     "aot_compiled": getattr(lm.model, "aot_compiled_fn", None) is not None,
                 },
             )
-            return output[0] if isinstance(output, tuple) else output
 
-        @functools.wraps(original_init)
-        def init(self, *init_args, **init_kwargs):
-            original_init(self, *init_args, **init_kwargs)
+        model_hook = first_prefill_hook(on_prefill)
+
+        def built(self) -> None:
             import vllm
             from vllm.config import get_current_vllm_config
 
@@ -181,7 +160,7 @@ if ORACLE_DIR:
                 self.model.aux_hidden_state_layers = variants[0]
                 self.register_forward_hook(model_hook, with_kwargs=True)
 
-        cls.__init__ = init
+        after_init(module.DeepseekV2ForCausalLM, built)
 
     def _instrument_proposer(module) -> None:
         import inspect

@@ -1,18 +1,23 @@
 """The demonstration: the bug on real vLLM 0.24.0, then the same run with the hotfix, compared
-layer by layer with vLLM 0.25.0 (which carries the upstream fix). Run by scripts/demo.sh."""
+layer by layer with vLLM 0.25.0 (which carries the upstream fix). Run by scripts/demo.sh, with the
+test environment's Python."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the harness, from a clone
 
-from harness.testenv import BUG, FIXED, TestEnv
-from harness.tiny_checkpoint import build as build_checkpoint
-from harness.ways_in import Ways
+import torch  # noqa: E402
+
+from harness.child.tiny_checkpoint import build as build_checkpoint  # noqa: E402
+from harness.testenv import BUG, FIXED, TestEnv  # noqa: E402
+from harness.ways_in import Ways  # noqa: E402
 
 IDS = "1,2,4"  # the tiny model has 4 layers: id 4 is the final layer's output
 
@@ -36,7 +41,8 @@ def step(ways: Ways, title: str, way: str, version: str = BUG, **env: str) -> di
     return run
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
     testenv = TestEnv.locate()
     work = Path(tempfile.mkdtemp(prefix="vllm-hotfix-demo-"))
     say(f"Building a tiny random DeepSeek-V3 checkpoint (4 layers) in {work} ...")

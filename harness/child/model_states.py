@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import logging
 import sys
 
 import in_process  # a sibling module: this script's directory is on sys.path
+from first_prefill import after_init, copy_output, first_prefill_hook
 
 
-def _parse_variants(text: str) -> list[tuple[int, ...]]:
+def parse_variants(text: str) -> list[tuple[int, ...]]:
     """'1,4;4;' -> [(1, 4), (4,), ()]"""
     return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
 
@@ -91,77 +91,60 @@ def main() -> None:
         cpu_vllm_compile.enable()
     from vllm import LLM, SamplingParams
     from vllm.compilation.counter import compilation_counter
-    from vllm.forward_context import get_forward_context
     from vllm.model_executor.models import deepseek_v2
 
-    variants = _parse_variants(args.variants)
-    graph_variants = _parse_variants(args.graph_variants) if args.graph_variants else []
-    parent_variants = _parse_variants(args.parent_variants) if args.parent_variants else []
+    variants = parse_variants(args.variants)
+    graph_variants = parse_variants(args.graph_variants) if args.graph_variants else []
+    parent_variants = parse_variants(args.parent_variants) if args.parent_variants else []
     if (graph_variants or parent_variants) and args.mode != "eager":
         sys.exit("--graph-variants and --parent-variants need --mode eager")
     captured: dict[str, object] = {}
     timings: list[float] = []
 
-    def record(output: object) -> dict[str, object]:
-        if isinstance(output, tuple):
-            hidden, aux = output
-            return {"kind": "tuple", "hidden": hidden.clone(), "aux": [a.clone() for a in aux]}
-        return {"kind": "tensor", "hidden": output.clone(), "aux": None}
+    def on_prefill(module, inputs, output) -> None:
+        results = {",".join(map(str, variants[0])): copy_output(output)}
+        first = module.model.aux_hidden_state_layers
+        for variant in variants[1:]:
+            module.model.aux_hidden_state_layers = variant
+            results[",".join(map(str, variant))] = copy_output(module.model(*inputs))
+        graphs, parents = {}, {}
+        for variant in graph_variants:
+            module.model.aux_hidden_state_layers = variant
+            graphs[",".join(map(str, variant))] = fx_op_counts(module.model.forward, inputs)
+        for variant in parent_variants:
+            # As STOCK_TORCH_COMPILE does: the whole model compiled, DeepseekV2Model inlined.
+            module.model.aux_hidden_state_layers = variant
+            torch._dynamo.reset()
+            compiled = torch.compile(module.forward, fullgraph=True)
+            parents[",".join(map(str, variant))] = copy_output(compiled(*inputs))
+        captured["graphs"], captured["parents"] = graphs, parents
+        module.model.aux_hidden_state_layers = first
+        for _ in range(args.repeat):
+            import time
 
-    def hook(module, hook_args, kwargs, output):
-        if get_forward_context().attn_metadata is not None and "variants" not in captured:
-            inputs = (
-                kwargs.get("input_ids", hook_args[0] if hook_args else None),
-                kwargs["positions"],
-                kwargs.get("intermediate_tensors"),
-                kwargs.get("inputs_embeds"),
-            )
-            results = {",".join(map(str, variants[0])): record(output)}
-            first = module.model.aux_hidden_state_layers
-            for variant in variants[1:]:
-                module.model.aux_hidden_state_layers = variant
-                results[",".join(map(str, variant))] = record(module.model(*inputs))
-            graphs, parents = {}, {}
-            for variant in graph_variants:
-                module.model.aux_hidden_state_layers = variant
-                graphs[",".join(map(str, variant))] = fx_op_counts(module.model.forward, inputs)
-            for variant in parent_variants:
-                # As STOCK_TORCH_COMPILE does: the whole model compiled, DeepseekV2Model inlined.
-                module.model.aux_hidden_state_layers = variant
-                torch._dynamo.reset()
-                compiled = torch.compile(module.forward, fullgraph=True)
-                parents[",".join(map(str, variant))] = record(compiled(*inputs))
-            captured["graphs"], captured["parents"] = graphs, parents
-            module.model.aux_hidden_state_layers = first
-            for _ in range(args.repeat):
-                import time
+            start = time.perf_counter()
+            module.model(*inputs)
+            timings.append(time.perf_counter() - start)
+        captured["variants"] = results
+        captured["compiled"] = bool(getattr(module.model, "compiled", False))
+        captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
+        vllm_config = getattr(module.model, "vllm_config", None)  # set by @support_torch_compile
+        captured["jit_cache_dir"] = vllm_config.compilation_config.cache_dir if vllm_config else ""
+        # The ahead-of-time path: the hash directory vLLM keyed this forward's artifact under, and
+        # whether the artifact it runs was loaded from that directory rather than compiled here.
+        captured["aot_cache_dir"] = (
+            getattr(vllm_config.compilation_config, "local_cache_dir", "") or "" if vllm_config else ""
+        )
+        captured["aot_loaded"] = bool(getattr(module.model, "was_aot_compile_fn_loaded_from_disk", False))
 
-                start = time.perf_counter()
-                module.model(*inputs)
-                timings.append(time.perf_counter() - start)
-            captured["variants"] = results
-            captured["compiled"] = bool(getattr(module.model, "compiled", False))
-            captured["aot_compiled"] = getattr(module.model, "aot_compiled_fn", None) is not None
-            vllm_config = getattr(module.model, "vllm_config", None)  # set by @support_torch_compile
-            captured["jit_cache_dir"] = vllm_config.compilation_config.cache_dir if vllm_config else ""
-            # The ahead-of-time path: the hash directory vLLM keyed this forward's artifact under, and
-            # whether the artifact it runs was loaded from that directory rather than compiled here.
-            captured["aot_cache_dir"] = (
-                getattr(vllm_config.compilation_config, "local_cache_dir", "") or "" if vllm_config else ""
-            )
-            captured["aot_loaded"] = bool(getattr(module.model, "was_aot_compile_fn_loaded_from_disk", False))
-        return output[0] if isinstance(output, tuple) else output
+    hook = first_prefill_hook(on_prefill)
 
-    original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
+    def built(lm) -> None:
+        lm.model.aux_hidden_state_layers = variants[0]
+        lm.register_forward_hook(hook, with_kwargs=True)
+        captured["forward"] = type(lm.model).forward
 
-    @functools.wraps(original_init)
-    def init(self, *init_args, **init_kwargs):
-        original_init(self, *init_args, **init_kwargs)
-        self.model.aux_hidden_state_layers = variants[0]
-        self.register_forward_hook(hook, with_kwargs=True)
-        captured["forward"] = type(self.model).forward
-
-    deepseek_v2.DeepseekV2ForCausalLM.__init__ = init
+    after_init(deepseek_v2.DeepseekV2ForCausalLM, built)
     if args.mode != "eager" and len(variants) > 1:
         sys.exit("compile mode evaluates one id list per engine (the graph is traced once)")
 

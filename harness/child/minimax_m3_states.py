@@ -11,7 +11,7 @@ MiniMaxM3Model.load_weights (stacked gate/up mapping, per-rank shards) from full
 
 Stand-ins, only where vLLM has no CPU path, each keeping its contract:
 - the attention (paged `Attention` layer and the CUDA-only `_C.fused_minimax_m3_qknorm_rope_kv_insert`)
-  is replaced by `StandInAttention` (harness/v32_states.py): the full hidden state in, a
+  is replaced by `StandInAttention` (harness/child/v32_states.py): the full hidden state in, a
   column-parallel projection, a causal per-feature token mix, a row-parallel projection with
   reduce_results=False, so the output is each rank's partial sum, as MiniMaxM3Attention's o_proj
   leaves it;
@@ -40,24 +40,28 @@ import importlib.machinery
 import importlib.util
 import inspect
 import os
-import re
 import sys
 import types
 from types import SimpleNamespace
 
-from v32_states import (  # this script's directory is on sys.path
-    PROMPT,
-    _count_all_reduces,
-    _ModelBuildConfig,
-    _parse_variants,
-    _stand_in_attention,
-    _tensor,
+from model_states import parse_variants
+from tp_model import (  # this script's directory is on sys.path
+    count_all_reduces,
+    finish_loading,
+    forward_step,
+    graphs_per_variant,
+    import_with_placeholder_ops,
+    model_facts,
+    rank_parser,
+    rank_record,
+    states_per_variant,
+    tp_groups,
 )
+from v32_states import PROMPT, _ModelBuildConfig, _stand_in_attention, _tensor
 
 HIDDEN, INTERMEDIATE, VOCAB, EPS = 64, 128, 1024, 1e-6
 PACKAGE = "vllm.models.minimax_m3"
 MODULE = f"{PACKAGE}.nvidia.model"
-_LIBRARIES: list[object] = []  # placeholder op libraries, kept alive
 
 
 def _gemma(x: object, weight: object, eps: float) -> object:
@@ -98,26 +102,6 @@ def install_torchvision_stub() -> None:
     transforms.InterpolationMode = enum.Enum("InterpolationMode", "NEAREST BILINEAR BICUBIC")
     torchvision.transforms = transforms
     sys.modules.update({"torchvision": torchvision, "torchvision.transforms": transforms})
-
-
-def import_model_module() -> object:
-    """Import the nvidia model module, defining missing CUDA-only _C op schemas (0.25.0)."""
-    import torch
-
-    defined: list[str] = []
-    for _ in range(64):
-        try:
-            importlib.import_module(PACKAGE)  # as vLLM's registry does: the package picks the file
-            return importlib.import_module(MODULE)
-        except AttributeError as error:
-            match = re.search(r"'_C' object has no attribute '(\w+)'", str(error))
-            if match is None or match.group(1) in defined:
-                raise
-            if not _LIBRARIES:
-                _LIBRARIES.append(torch.library.Library("_C", "FRAGMENT"))
-            _LIBRARIES[0].define(f"{match.group(1)}(Tensor x) -> Tensor")  # type: ignore[attr-defined]
-            defined.append(match.group(1))
-    raise RuntimeError(f"{MODULE} still does not import after defining {defined}")
 
 
 def _hf_config(layers: int) -> object:
@@ -180,23 +164,22 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
     install_flashinfer_norm()
     if args.hotfix:
-        import vllm_hotfix  # armed before vLLM: the model module is patched at its import
+        import vllm_hotfix  # noqa: F401  (armed before vLLM: the model module is patched at its import)
 
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.forward_context import set_forward_context
+    # What tp_groups and forward_step use, imported first: transformers, imported with them, then
+    # has read which packages exist.
+    import vllm.config
+    import vllm.distributed
+    import vllm.forward_context  # noqa: F401
 
     install_torchvision_stub()  # after transformers has read which packages exist
-    module = import_model_module()
+    # The package first, as vLLM's registry does: the package picks the file (0.25.0: _C schemas).
+    module = import_with_placeholder_ops(PACKAGE, MODULE)
     module.MiniMaxM3Attention = _stand_in_attention()
 
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
-    vllm_config = VllmConfig()
-    vllm_config.parallel_config.tensor_parallel_size = world
-    with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
-        initialize_model_parallel(tensor_model_parallel_size=world)
+    with tp_groups(world, rank, port) as vllm_config:
         hf = _hf_config(args.layers)
         model_config = SimpleNamespace(hf_config=hf, hf_text_config=hf, dtype=dtype)
         config = _ModelBuildConfig(vllm_config, model_config, vllm_config.parallel_config)
@@ -204,89 +187,39 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         loaded = model.load_weights(
             (name, _full_tensor(name, shape, kind, dtype)) for name, shape, kind in _weights(args.layers)
         )
-        for sub in model.modules():
-            method = getattr(sub, "quant_method", None)
-            if method is not None and hasattr(method, "process_weights_after_loading"):
-                method.process_weights_after_loading(sub)
+        finish_loading(model)
 
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
-        takes_intermediate = "intermediate_tensors" in inspect.signature(stock).parameters
-        all_reduces = _count_all_reduces()
+        extra = (None,) if "intermediate_tensors" in inspect.signature(stock).parameters else ()
+        all_reduces = count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
-        results = []
+        step = functools.partial(forward_step, vllm_config, len(PROMPT))
+        functions = {"stock": stock, "patched": forward} if args.hotfix else {"stock": stock}
+        inputs = (ids, positions, *extra)
         with torch.no_grad():
-            for variant in _parse_variants(args.variants):
-                model.aux_hidden_state_layers = variant
-                entry = {"ids": variant}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    if label == "patched" and not args.hotfix:
-                        continue
-                    before = all_reduces[0]
-                    with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
-                        extra = (None,) if takes_intermediate else ()
-                        out = function(model, ids, positions, *extra)
-                    hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
-                    entry[label] = {
-                        "hidden": hidden.clone(),
-                        "aux": [a.clone() for a in aux or []],
-                        "returned_aux": aux is not None,
-                        "all_reduces": all_reduces[0] - before,
-                    }
-                results.append(entry)
-        graphs = {}
-        if args.graph_variants:
-            from model_states import fx_op_counts  # this script's directory is on sys.path
+            results = states_per_variant(
+                model, parse_variants(args.variants), functions, inputs, step, all_reduces
+            )
+        both = {"stock": stock, "patched": forward}
+        graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
 
-            extra = (None,) if takes_intermediate else ()
-            for variant in _parse_variants(args.graph_variants):
-                model.aux_hidden_state_layers = variant
-                graphs[variant] = {}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    with set_forward_context(None, vllm_config, num_tokens=len(PROMPT)):
-                        traced = functools.partial(function, model)
-                        graphs[variant][label] = fx_op_counts(traced, (ids, positions, *extra))
-
-    status = None
-    if args.hotfix:
-        import vllm_hotfix
-
-        status = vllm_hotfix.status()
-    import vllm
-
-    torch.save(
-        {
-            "rank": rank,
-            "world": world,
-            "vllm": vllm.__version__,
-            "results": results,
-            "loaded": sorted(loaded or []),
-            "norm_weight": model.norm.weight.detach().clone(),
-            "norm_eps": model.norm.variance_epsilon,
-            "deferred": [not layer.mlp.down_proj.reduce_results for layer in model.layers],
-            "fuse_input": [bool(layer.fuse_input_allreduce) for layer in model.layers],
-            "fuse_final": getattr(model, "fuse_final_norm_allreduce", None),
-            "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
-            "status": status,
-            "graphs": graphs,
-        },
-        os.path.join(args.out, f"rank{rank}.pt"),
+    record = rank_record(
+        rank,
+        world,
+        results=results,
+        **model_facts(model, forward, args.hotfix, loaded),
+        deferred=[not layer.mlp.down_proj.reduce_results for layer in model.layers],
+        fuse_input=[bool(layer.fuse_input_allreduce) for layer in model.layers],
+        fuse_final=getattr(model, "fuse_final_norm_allreduce", None),
+        graphs=graphs,
     )
+    torch.save(record, os.path.join(args.out, f"rank{rank}.pt"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--variants", default="1,2,3")
-    parser.add_argument("--hotfix", action="store_true")
-    parser.add_argument(
-        "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
-    )
-    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
-    args = parser.parse_args()
+    args = rank_parser(__doc__).parse_args()
 
     from tp_ranks import run_ranks  # this script's directory is on sys.path
 

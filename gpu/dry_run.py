@@ -7,8 +7,8 @@ offline, with the nvidia library packages linked from the test environment (the 
 pure data, no Python-version tag). Nothing else is installed in it.
 
 Then, as on the GPU machine: the parts are copied one by one into a fake working tree and staged
-(`gpu_bundle stage`), assembled (sha256 of every part, of the archive, of every file), installed
-offline (`gpu_bundle install`: `pip install --no-index --find-links`), and vLLM is imported from
+(`gpu.bundle stage`), assembled (sha256 of every part, of the archive, of every file), installed
+offline (`gpu.bundle install`: `pip install --no-index --find-links`), and vLLM is imported from
 that install alone: the venv's own site-packages plus the base Python's, nothing else. What cannot
 run without a GPU (anything that loads vllm._C: it links libcuda.so.1) is listed, not run.
 """
@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.gpu_bundle import BUNDLE_DIR, CACHE, PLATFORMS, say
+from gpu.bundle import BUNDLE_DIR, CACHE, PLATFORMS, say
+from harness.testenv import child_result
 
 
 def python312() -> str:
@@ -97,10 +98,10 @@ NEEDS_DRIVER = (
 
 # A module whose import stops at a `torch.ops._C.<op>` that vllm._C (not loadable without the driver)
 # would have registered is imported again with a placeholder schema for that op (as
-# harness/v32_states.py does on CPU), so that the rest of its import chain is checked too.
+# harness/child/tp_model.py does on CPU), so that the rest of its import chain is checked too.
 _PROBE = r"""
 import importlib, json, os, sys
-from harness.v32_states import import_model_module
+from harness.child.tp_model import import_with_placeholder_ops
 result = {"ok": {}, "failed": {}, "version": None, "paths": [], "origins": {}, "placeholders": {}}
 for name in sys.argv[1].split(","):
     try:
@@ -111,7 +112,7 @@ for name in sys.argv[1].split(","):
             result["failed"][name] = f"{type(error).__name__}: {error}"[:300]
             continue
         try:
-            module = import_model_module(name.rsplit(".", 2)[-2]) if "deepseek_v32" in name else None
+            module = import_with_placeholder_ops(name) if "deepseek_v32" in name else None
             if module is None:
                 raise error
             result["ok"][name] = module.__file__
@@ -181,7 +182,7 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
     """Stage, assemble, install and import, as the runbook does on the GPU machine; return a report.
 
     The stand-in is `python3` on PATH, and the steps are the runbook's own commands (`python3 -m
-    harness.gpu_bundle stage`, `bash benchmarks/gpu_check.sh install`), run from this checkout, with
+    gpu.bundle stage`, `bash gpu/check.sh install`), run from this checkout, with
     the zstd program hidden so that the carried zstandard wheel unpacks the archive."""
     manifest = json.loads((bundle / "manifest.json").read_text())
     python = base_python(work, test_env_site)
@@ -209,11 +210,11 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
             (incoming / "tools").mkdir()
             for tool in manifest["tools"]:
                 shutil.copy2(bundle / tool["name"], incoming / tool["name"])
-        command = ["python3", "-m", "harness.gpu_bundle", "stage", "--incoming", str(incoming)]
+        command = ["python3", "-m", "gpu.bundle", "stage", "--incoming", str(incoming)]
         command += ["--manifest", str(incoming / "manifest.json"), "--stage", str(stage_dir)]
         subprocess.run(command, env=machine, cwd=repo, check=True)
         shutil.rmtree(incoming)
-    subprocess.run(["bash", "benchmarks/gpu_check.sh", "install"], env=machine, cwd=repo, check=True)
+    subprocess.run(["bash", "gpu/check.sh", "install"], env=machine, cwd=repo, check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VLLM_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # vllm_hotfix, as the check has it
     report = {"manifest_archive_sha256": manifest["archive"]["sha256"], "versions": {}}
@@ -234,10 +235,10 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
             text=True,
             timeout=1800,
         )
-        line = [x for x in done.stdout.splitlines() if x.startswith("PROBE ")]
-        if not line:
+        probed = child_result(done.stdout, "PROBE ")
+        if probed is None:
             raise SystemExit(f"import probe for {version} gave nothing:\n{done.stderr[-4000:]}")
-        report["versions"][version] = json.loads(line[-1][len("PROBE ") :])
+        report["versions"][version] = probed
     return report
 
 
@@ -246,8 +247,8 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
 # Python); the V3.2 checkpoint builds; transformers and vLLM's own config loader read it.
 _CHECKS_PROBE = r"""
 import json, sys, tempfile
-import benchmarks.gpu_check, benchmarks.gpu_check_v32
-from harness.tiny_checkpoint import build, V32_FIELDS
+import gpu.check_v2, gpu.check_v32
+from harness.child.tiny_checkpoint import build, V32_FIELDS
 out = build(tempfile.mkdtemp(prefix="v32-ckpt-") + "/ckpt", v32=True)
 from transformers import DeepseekV3Config
 config = DeepseekV3Config.from_pretrained(out)

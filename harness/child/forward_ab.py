@@ -20,6 +20,7 @@ import statistics
 import time
 
 import in_process  # a sibling module: this script's directory is on sys.path
+from first_prefill import after_init, first_prefill_hook
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -63,21 +64,12 @@ def main() -> None:
     # isort: split
     import torch
     from vllm import LLM, SamplingParams
-    from vllm.forward_context import get_forward_context
     from vllm.model_executor.models import deepseek_v2
 
     variants = [tuple(int(x) for x in v.split(",")) for v in args.variants.split(";")]
     results: dict[str, object] = {}
 
-    def hook(module, hook_args, kwargs, output):
-        if get_forward_context().attn_metadata is None or results:
-            return output[0] if isinstance(output, tuple) else output
-        inputs = (
-            kwargs.get("input_ids", hook_args[0] if hook_args else None),
-            kwargs["positions"],
-            kwargs.get("intermediate_tensors"),
-            kwargs.get("inputs_embeds"),
-        )
+    def on_prefill(module, inputs, output) -> None:
         model = module.model
         patched = vars(type(model))["forward"]
         stock = patched.__wrapped__  # the hotfix keeps the original
@@ -99,17 +91,14 @@ def main() -> None:
                 results[f"{mode} [{','.join(map(str, variant))}]"] = entry
                 print(f"forward_ab {mode} {variant}: {entry}", flush=True)
         model.aux_hidden_state_layers = first
-        return output[0] if isinstance(output, tuple) else output
 
-    original_init = deepseek_v2.DeepseekV2ForCausalLM.__init__
+    hook = first_prefill_hook(on_prefill)
 
-    @functools.wraps(original_init)
-    def init(self, *init_args, **init_kwargs):
-        original_init(self, *init_args, **init_kwargs)
-        self.model.aux_hidden_state_layers = variants[0]
-        self.register_forward_hook(hook, with_kwargs=True)
+    def built(lm) -> None:
+        lm.model.aux_hidden_state_layers = variants[0]
+        lm.register_forward_hook(hook, with_kwargs=True)
 
-    deepseek_v2.DeepseekV2ForCausalLM.__init__ = init
+    after_init(deepseek_v2.DeepseekV2ForCausalLM, built)
     llm = LLM(
         model=args.checkpoint,
         **in_process.TINY_ENGINE,

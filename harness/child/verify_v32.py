@@ -1,7 +1,7 @@
 """The in-worker check's own code (vllm_hotfix/verify/checks.py) on vLLM's real DeepseekV32Model at
 TP=1 or TP=2, stock and patched, through the same tensor-parallel group vLLM's workers use.
 
-The model is built as harness/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
+The model is built as harness/child/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
 TP groups over gloo, weight loaders; stand-in attention with DSA's tensor-parallel contract), dense
 layers only. For each id list, stock (vLLM's function, kept by the hotfix as `__wrapped__`) and the
 patched forward run on the same inputs, and each rank calls `check_step` on what came back, with the
@@ -13,22 +13,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
-import sys
+from types import SimpleNamespace
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # v32_states, run by path
-
-import v32_states
+import v32_states  # this script's directory is on sys.path
+from tp_model import finish_loading, forward_step, rank_record, tp_groups
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     os.environ["VLLM_DIST_IDENT"] = f"verify-v32-{port}"
     import torch
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.distributed.parallel_state import get_tp_group
-    from vllm.forward_context import set_forward_context
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM: the model module is patched at its import)
     from vllm_hotfix.verify.checks import check_step
@@ -37,14 +34,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     module = v32_states.model_module_with_stand_in(args.vendor)
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
-    vllm_config = VllmConfig()
-    vllm_config.parallel_config.tensor_parallel_size = world
     results = []
-    with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
-        initialize_model_parallel(tensor_model_parallel_size=world)
-        from types import SimpleNamespace
-
+    with tp_groups(world, rank, port) as vllm_config:
         model_config = SimpleNamespace(hf_config=v32_states._hf_config(args.layers), dtype=dtype)
         vllm_config.scheduler_config.max_num_batched_tokens = 64
         config = v32_states._ModelBuildConfig(vllm_config, model_config, vllm_config.parallel_config)
@@ -55,21 +46,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         )
         if getattr(model, "replicated_embed", False):
             model.replicated_embed = False  # vLLM 0.29+'s Triton embed+norm has no CPU backend
-        for sub in model.modules():
-            method = getattr(sub, "quant_method", None)
-            if method is not None and hasattr(method, "process_weights_after_loading"):
-                method.process_weights_after_loading(sub)
+        finish_loading(model)
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
         final_norm, final_note = _final_norm_note(model)
         ids_tensor = torch.tensor(v32_states.PROMPT)
         positions = torch.arange(len(v32_states.PROMPT))
+        step = functools.partial(forward_step, vllm_config, len(v32_states.PROMPT))
         with torch.no_grad():
             for variant in args.variants.split(";"):
                 ids = [int(x) for x in variant.split(",")]
                 model.aux_hidden_state_layers = tuple(ids)
                 for label, function in (("stock", stock), ("patched", forward)):
-                    with set_forward_context(None, vllm_config, num_tokens=len(v32_states.PROMPT)):
+                    with step():
                         out = function(model, ids_tensor, positions)
                     hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, [])
                     final_index = ids.index(args.layers) if args.layers in ids else None
@@ -86,11 +75,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                     entry = dataclasses.asdict(check)
                     entry.update(ids=ids, label=label, ok=check.ok, ranks_agree=check.ranks_agree)
                     results.append(entry)
-    import vllm
-
-    record = {"rank": rank, "world": world, "vllm": vllm.__version__, "final_note": final_note}
-    record["patched"] = hasattr(forward, "__vllm_hotfix__")
-    record["results"] = results
+    record = rank_record(
+        rank, world, final_note=final_note, patched=hasattr(forward, "__vllm_hotfix__"), results=results
+    )
     with open(os.path.join(args.out, f"rank{rank}.json"), "w", encoding="utf-8") as out_file:
         json.dump(record, out_file, indent=2)
 
@@ -104,7 +91,7 @@ def main() -> None:
     parser.add_argument("--variants", default="1,2,3;1,2,3,4")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    from tp_ranks import run_ranks  # this script's directory is on sys.path
+    from tp_ranks import run_ranks
 
     run_ranks(worker, args)
 

@@ -5,7 +5,7 @@ and every other requirement from this list. `--unmet` prints only those the runn
 environment does not satisfy (an overlay release on a base venv, harness/release_envs.py). Run by a
 venv's own Python, by path (scripts/build-test-env.sh, harness/release_envs.py): stdlib and pip's
 vendored packaging only, since the venv may have nothing else yet.
-Run: python harness/wheel_requirements.py WHEEL [--unmet]
+Run: python harness/child/wheel_requirements.py WHEEL [--unmet]
 """
 
 from __future__ import annotations

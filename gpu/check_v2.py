@@ -8,10 +8,10 @@ runs meet the unpatched run's artifacts and must not load them), and vllm 0.25.0
 Oracles, each per proposer call (prefill and decode steps):
 - in-process, independent of the fix: the final state equals `hidden_states + residual` at the input
   of the model's final norm, taken in the same process and step by a forward pre-hook on that norm
-  (harness/capture_site, VLLM_HOTFIX_ORACLE=1);
+  (harness/child/sites/capture, VLLM_HOTFIX_ORACLE=1);
 - every other state equals stock's (the unpatched run's first call, recorded before it crashes);
 - every state, and the norm's output, equal vllm 0.25.0's.
-Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by benchmarks/gpu_check.sh.
+Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
 """
 
 from __future__ import annotations
@@ -208,8 +208,8 @@ def _compile_lines(log: str) -> str:
 def main() -> int:
     import torch
 
+    from harness.child.tiny_checkpoint import build as build_checkpoint
     from harness.testenv import BUG, FIXED, TestEnv
-    from harness.tiny_checkpoint import build as build_checkpoint
     from harness.ways_in import Ways
 
     testenv = TestEnv.locate()

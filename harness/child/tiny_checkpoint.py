@@ -2,7 +2,7 @@
 
 Shapes from docs/cpu-test-environment.md: head size 64 (qk_nope 32 + qk_rope 32) is one the CPU
 attention supports; MoE settings need topk_method="noaux_tc" and scoring_func="sigmoid".
-Run with the test environment's Python: python harness/tiny_checkpoint.py OUT_DIR [--layers N]
+Run with the test environment's Python: python harness/child/tiny_checkpoint.py OUT_DIR [--layers N]
 """
 
 from __future__ import annotations
