@@ -127,22 +127,26 @@ def compare_states(report: Report, label: str, run: dict, stock: dict | None, up
             f"{label}: every state == vllm 0.25.0's, every call",
             "; ".join(worst[:6]) or "bitwise equal",
         )
-        outputs = [
-            _diff(a["oracle_norm_output"], b["oracle_norm_output"])
-            for a, b in zip(calls, theirs_calls, strict=False)
-            if "oracle_norm_output" in a and "oracle_norm_output" in b
-        ]
-        report.check(
-            bool(outputs) and all(o == "bitwise equal" for o in outputs),
-            f"{label}: the model's output (final norm) == vllm 0.25.0's, every call",
-            ", ".join(outputs),
-        )
-        tokens = (run["result"].get("tokens"), upstream["result"].get("tokens"))
-        report.check(
-            tokens[0] == tokens[1],
-            f"{label}: generated tokens == vllm 0.25.0's",
-            f"{tokens[0]} vs {tokens[1]}",
-        )
+        check_output_and_tokens(report, label, run, upstream, "vllm 0.25.0's")
+
+
+def check_output_and_tokens(report: Report, label: str, run: dict, reference: dict, whose: str) -> None:
+    """The model's output (the final norm's, every call) and the generated tokens equal `reference`'s:
+    a fix that changes only the aux states leaves both bitwise as they were."""
+    outputs = [
+        _diff(a["oracle_norm_output"], b["oracle_norm_output"])
+        for a, b in zip(run["calls"], reference["calls"], strict=False)
+        if "oracle_norm_output" in a and "oracle_norm_output" in b
+    ]
+    report.check(
+        bool(outputs) and all(o == "bitwise equal" for o in outputs),
+        f"{label}: the model's output (final norm) == {whose}, every call",
+        ", ".join(outputs),
+    )
+    tokens = (run["result"].get("tokens"), reference["result"].get("tokens"))
+    report.check(
+        tokens[0] == tokens[1], f"{label}: generated tokens == {whose}", f"{tokens[0]} vs {tokens[1]}"
+    )
 
 
 def compare(runs: dict[str, dict]) -> Report:
@@ -205,6 +209,23 @@ def _compile_lines(log: str) -> str:
     return "\n".join("    " + re.sub(r"^.*?\] ", "", line)[:160] for line in lines[:8])
 
 
+def keep_run(runs: dict[str, dict], label: str, run: dict, log: Path, start: float) -> None:
+    """Say how one engine run went (and what it compiled), keep its log in `log`, add it to `runs`."""
+    cause = run["root_cause"] or run["result"].get("error", "")
+    outcome = "generated" if run["result"]["ok"] else "FAILED: " + cause.splitlines()[0][:150]
+    print(f"{label:32s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
+    print(_compile_lines(run["log"]), flush=True)
+    log.write_text(run["log"])
+    runs[label] = run
+
+
+def finish(report: Report, runs: dict[str, dict], expected: dict[str, str], logs: Path) -> int:
+    """Add the in-worker check's verdicts to `report`, say where the logs are; the exit status."""
+    check_verify(report, runs, expected)
+    print(f"engine logs in {logs}; {report.failed} check(s) failed")
+    return 1 if report.failed else 0
+
+
 def main() -> int:
     import torch
 
@@ -231,17 +252,8 @@ def main() -> int:
     ):
         start = time.monotonic()
         run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **GPU, **env)
-        result = run["result"]
-        cause = run["root_cause"] or result.get("error", "")
-        outcome = "generated" if result["ok"] else "FAILED: " + cause.splitlines()[0][:150]
-        print(f"{label:28s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
-        print(_compile_lines(run["log"]), flush=True)
-        (logs / f"v2-run{len(runs)}.log").write_text(run["log"])
-        runs[label] = run
-    report = compare(runs)
-    check_verify(report, runs, VERIFY_EXPECTED)
-    print(f"engine logs in {logs}; {report.failed} check(s) failed")
-    return 1 if report.failed else 0
+        keep_run(runs, label, run, logs / f"v2-run{len(runs)}.log", start)
+    return finish(compare(runs), runs, VERIFY_EXPECTED, logs)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu.check_v2 import Report, _compile_lines, _diff, check_verify
+from gpu.check_v2 import Report, _diff, check_output_and_tokens, finish, keep_run
 
 if TYPE_CHECKING:
     from harness.testenv import TestEnv
@@ -152,20 +152,7 @@ def compare(runs: dict[str, dict]) -> Report:
             "every call (pre-hook, same process)",
             "; ".join(final) or f"{len(calls)} calls bitwise equal",
         )
-    outputs = [
-        _diff(a["oracle_norm_output"], b["oracle_norm_output"])
-        for a, b in zip(calls, ref, strict=False)
-        if "oracle_norm_output" in a and "oracle_norm_output" in b
-    ]
-    report.check(
-        bool(outputs) and all(o == "bitwise equal" for o in outputs),
-        f"{PATCHED}: the model's output (final norm) == stock's, every call",
-        ", ".join(outputs),
-    )
-    tokens = (patched["result"].get("tokens"), stock["result"].get("tokens"))
-    report.check(
-        tokens[0] == tokens[1], f"{PATCHED}: generated tokens == stock's", f"{tokens[0]} vs {tokens[1]}"
-    )
+    check_output_and_tokens(report, PATCHED, patched, stock, "stock's")
     return report
 
 
@@ -208,16 +195,8 @@ def main() -> int:
         run = ways.run(
             "plugin", ids, "compile", release, extra_args=engine_args(release), **GPU, **shared, **env
         )
-        cause = run["root_cause"] or run["result"].get("error", "")
-        outcome = "generated" if run["result"]["ok"] else "FAILED: " + cause.splitlines()[0][:150]
-        print(f"{label:32s} {outcome} ({time.monotonic() - start:.0f} s)", flush=True)
-        print(_compile_lines(run["log"]), flush=True)
-        (logs / f"v32-run{len(runs)}.log").write_text(run["log"])
-        runs[label] = run
-    report = compare(runs)
-    check_verify(report, runs, VERIFY_EXPECTED)
-    print(f"engine logs in {logs}; {report.failed} check(s) failed")
-    return 1 if report.failed else 0
+        keep_run(runs, label, run, logs / f"v32-run{len(runs)}.log", start)
+    return finish(compare(runs), runs, VERIFY_EXPECTED, logs)
 
 
 if __name__ == "__main__":
