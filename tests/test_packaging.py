@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tarfile
-import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -24,8 +23,6 @@ from harness import dist_checks
 from harness.testenv import REPO, outside_checkout
 from harness.wheel import build_sdist, build_wheel, copy_source, hotfix_wheel
 
-BUILD_BUDGET_S = 60  # both builds together take a few seconds on 2 cores
-
 
 def build_outputs(root: Path) -> set[str]:
     """What setuptools leaves behind in a tree it builds in: build/, dist/, *.egg-info."""
@@ -38,24 +35,21 @@ def build_outputs(root: Path) -> set[str]:
 def dists(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("packaging")
     before = build_outputs(REPO)
-    started = time.monotonic()
     sdist = build_sdist(copy_source(work / "src"), work / "dist")
     with tarfile.open(sdist) as tf:
         tf.extractall(work / "unpacked", filter="data")
     (unpacked,) = (work / "unpacked").iterdir()
     wheel = build_wheel(unpacked, work / "dist")
-    elapsed = time.monotonic() - started
     left = build_outputs(REPO) - before
     for name in left:  # clean up, then fail in test_nothing_is_built_in_the_checkout
         shutil.rmtree(REPO / name, ignore_errors=True)
-    yield {"sdist": sdist, "wheel": wheel, "work": work, "elapsed": elapsed, "left": left}
+    yield {"sdist": sdist, "wheel": wheel, "work": work, "left": left}
     shutil.rmtree(work, ignore_errors=True)
 
 
 def test_builds_outside_the_checkout_leave_nothing_in_it(dists) -> None:
     assert dists["left"] == set()
     assert not dists["sdist"].is_relative_to(REPO) and not dists["wheel"].is_relative_to(REPO)
-    assert dists["elapsed"] < BUILD_BUDGET_S, f"building took {dists['elapsed']:.1f} s"
 
 
 def test_wheel_metadata_and_contents(dists) -> None:
@@ -109,10 +103,8 @@ def test_the_harness_installs_the_release_wheel(dists) -> None:
 def test_wheel_in_a_clean_venv_offline(dists, tmp_path: Path) -> None:
     """Installed without dependencies (offline): the console script and the plugin entry point work
     without vLLM (and without wrapt, which only patching needs)."""
-    started = time.monotonic()
     python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=False)
     assert dist_checks.status_problems(python, tmp_path) == []
-    assert time.monotonic() - started < 30
 
 
 def _pypi_reachable() -> str | None:
@@ -129,7 +121,6 @@ def test_pip_install_of_the_wheel_pulls_wrapt(dists, tmp_path: Path) -> None:
     error = _pypi_reachable()
     if error:
         pytest.skip(f"PyPI cannot be reached: {error}")
-    started = time.monotonic()
     python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=True)
     listed = subprocess.run(
         [python, "-c", "import importlib.metadata as m; print(sorted(d.name for d in m.distributions()))"],
@@ -140,4 +131,3 @@ def test_pip_install_of_the_wheel_pulls_wrapt(dists, tmp_path: Path) -> None:
     ).stdout
     assert listed.strip() == "['vllm-hotfix', 'wrapt']"
     assert dist_checks.status_problems(python, tmp_path) == []
-    assert time.monotonic() - started < 90
