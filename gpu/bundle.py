@@ -51,7 +51,7 @@ STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")
 # torch pin is torch==2.11.0 (the GPU machine's torch), for the DeepseekV32Model check.
 BUG, FIXED, V32 = "0.24.0", "0.25.0", "0.26.0"
 VLLM_VERSIONS = (BUG, FIXED, V32)
-PYTHON = "3.12"  # the GPU machine's python3 (3.12.3)
+PYTHON = "3.12"  # the air-gapped machine's python3 must be 3.12: the bundle holds cp312 wheels
 # glibc 2.36 at most: the dry run installs the same wheels here (Debian 12); the GPU machine has 2.39.
 PLATFORMS = (
     "manylinux_2_35_x86_64",
