@@ -32,6 +32,7 @@ write into their inputs instead, and a state that aliases them is overwritten:
 
 API: `install(threshold_tokens)` for the rest of the process; `emulated(threshold_tokens)` the same,
 undone on exit. `threshold_tokens=None`: the in-place norm only (no fused all-reduce branch).
+`FUSED_CALLS[0]` counts the fused stand-in's calls (which branch the steps took).
 Needs vLLM's IR ops (`vllm.ir`, vLLM 0.24+). Imports nothing at module level: the test process can
 import it as `harness.child.gpu_norms`.
 """
@@ -47,6 +48,7 @@ from typing import Any
 PROVIDER = "gpu_inplace_emulation"
 FUSED_NAMES = ("flashinfer_trtllm_fused_allreduce_norm", "_can_use_flashinfer", "_AR_RESIDUAL_RMS_NORM")
 PATTERN = 1  # stands for flashinfer's AllReduceFusionPattern.kARResidualRMSNorm (not read by the stand-in)
+FUSED_CALLS = [0]  # calls of the fused all-reduce stand-in in this process: which branch a step took
 
 
 def _in_place_provider() -> object:
@@ -99,6 +101,7 @@ def _fused_allreduce_norm(
     normed = summed * torch.rsqrt(variance + rms_eps) * (rms_gamma.float() + weight_bias)
     allreduce_in.copy_(summed)  # residual_out is allreduce_in
     norm_out.copy_(normed)
+    FUSED_CALLS[0] += 1
 
 
 def _fused_stand_ins(threshold_tokens: int) -> dict[str, object]:
