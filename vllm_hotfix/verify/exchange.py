@@ -105,7 +105,9 @@ def exchange(
     send, received = session.send, session.received
     _fill(send, body, error)
     started = time.monotonic()
-    work = torch.distributed.all_gather_into_tensor(received, send, group=cpu_group, async_op=True)
+    # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single
+    gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+    work = gather(received, send, group=cpu_group, async_op=True)
     try:
         work.wait(timeout=datetime.timedelta(seconds=deadline_s))
     except Exception as failure:  # the deadline (gloo: "Operation timed out!") or the group's own error
