@@ -319,7 +319,7 @@ class _Run:
         lines += [f"problem: {problem}" for problem in judged.problems[1:] if problem != judged.reason]
         if judged.error and judged.verdict == outcome_mod.FAIL:
             lines.append(f"vLLM stopped with an error: {judged.error}")
-        elif judged.verdict != outcome_mod.PASS and not judged.reports and not judged.ignored:
+        elif not judged.error and not judged.reports and not judged.ignored:
             lines.append("no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?")
         lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
         return "\n".join(lines)
@@ -373,6 +373,7 @@ class _Run:
             lengths=sorted(set(lengths)),
             batches=sorted(set(batches)),
         )
+        self.plan = plan  # from here on the output names the report directory and the run id
         # Before vLLM is imported (by its argument parser): this process arms on that import.
         os.environ[verify_settings.VERIFY_VAR] = str(plan.steps)
         os.environ[verify_settings.REPORT_VAR] = report_dir
@@ -408,7 +409,7 @@ class _Run:
 
     def main(self) -> None:
         args = self.args
-        self.plan = plan = self.prepare()
+        plan = self.prepare()
         if not _plugin_reachable():
             _say(
                 "WARNING: vLLM's worker processes will not load vllm-hotfix (no `vllm.general_plugins`"
