@@ -194,9 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
     """`verify` passes what it does not know, and all after `--`, to vLLM's own engine parser."""
-    argv = sys.argv[1:] if argv is None else list(argv)
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = build_parser()
     args, extra = parser.parse_known_args(head)
@@ -205,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra + tail)}")
     else:
         args.engine_args = extra + tail
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     return args.run(args)
 
 

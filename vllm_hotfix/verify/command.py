@@ -156,16 +156,19 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         agree, final = r.get("ranks_agree") or {}, r.get("final") or {}
         lines.append(f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}")
         if r.get("model") is not None:
+            lines.append(f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')},")
+            lines[-1] += f" vLLM {r.get('vllm_version')}"
             lines.append(
-                f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')}, vLLM {r.get('vllm_version')}"
+                f"  steps checked: {r.get('steps')} of {r.get('steps_wanted')} (tokens {r.get('tokens')})"
             )
-            lines.append(f"  steps checked: {r.get('steps')} of {r.get('steps_wanted')} (tokens {r.get('tokens')})")
         if r.get("steps"):
             count = r.get("count") or {}
-            lines.append(f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}")
-            tolerance = agree.get("tolerance")
             lines.append(
-                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {_figure(agree.get('max_rel_diff'))},"
+                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}"
+            )
+            tolerance, figure = agree.get("tolerance"), _figure(agree.get("max_rel_diff"))
+            lines.append(
+                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {figure},"
                 f" tolerance {'n/a' if tolerance is None else f'{tolerance:.0e}'}"
                 + (f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else "")
                 + ")"
@@ -182,7 +185,9 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             why = f": {entry['why']}" if entry.get("why") else ""
             lines.append(f"  id {entry.get('id')}: {entry.get('status')} ({figure}{against}){why}")
         for error in r.get("errors") or []:
-            lines.append(f"  error on rank {error.get('rank')} at {error.get('stage')}: {error.get('message')}")
+            lines.append(
+                f"  error on rank {error.get('rank')} at {error.get('stage')}: {error.get('message')}"
+            )
         exchange = r.get("exchange")
         if isinstance(exchange, dict) and (exchange.get("ok") is False or exchange.get("note")):
             lines.append(f"  exchange: {'ok' if exchange.get('ok') else 'FAILED'} ({exchange.get('note')})")
@@ -320,7 +325,9 @@ class _Run:
         if judged.error and judged.verdict == outcome_mod.FAIL:
             lines.append(f"vLLM stopped with an error: {judged.error}")
         elif not judged.error and not judged.reports and not judged.ignored:
-            lines.append("no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?")
+            lines.append(
+                "no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
+            )
         lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
         return "\n".join(lines)
 
@@ -470,7 +477,9 @@ class _Run:
                 return
             self.phase = f"filling the window with decode steps (round {attempt + 1})"
             prompt = {"prompt_token_ids": _prompt(counter + attempt, length, vocab)}
-            self.llm.generate([prompt], sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True), use_tqdm=False)
+            self.llm.generate(
+                [prompt], sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
+            )
 
 
 def _prompt(index: int, length: int, vocab: int) -> list[int]:

@@ -76,9 +76,7 @@ def _problems_of(report: dict[str, Any]) -> list[str]:
     return found
 
 
-def judge(
-    reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None
-) -> Outcome:
+def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None) -> Outcome:
     """The run's verdict and exit code, from every report found (any run) and vLLM's error, if any."""
     ours = sorted(
         (r for r in reports if r.get("run_id") == run_id),
@@ -132,8 +130,15 @@ def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
             key = entry.get("id")
             row = merged.setdefault(
                 key,
-                {"id": key, "status": "ok", "max_rel_diff": None, "tolerance": entry.get("tolerance"),
-                 "reference": entry.get("reference"), "why": None, "ranks": {}},
+                {
+                    "id": key,
+                    "status": "ok",
+                    "max_rel_diff": None,
+                    "tolerance": entry.get("tolerance"),
+                    "reference": entry.get("reference"),
+                    "why": None,
+                    "ranks": {},
+                },
             )
             status = entry.get("status", "n/a")
             row["ranks"][str(report.get("rank"))] = status
