@@ -65,11 +65,16 @@ def test_a_stale_report_never_counts() -> None:
 def test_a_missing_rank_is_not_a_pass() -> None:
     done = judge([worker(0, 2)], RUN, World(2))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
-    assert done.problems[0].startswith("1 of the 2 worker process(es)")
+    assert done.problems[0].startswith("1 of the 2 worker process(es) that 2 tensor x 1 data parallel")
     assert "no report from tensor-parallel rank(s) [1]" in done.problems
-    # pipeline parallel: one process per (stage, TP rank); two reports of TP=2 are half of PP=2
-    staged = judge([worker(0, 2), worker(1, 2)], RUN, World(2, 2))
-    assert staged.exit_code == 2 and staged.problems[0].startswith("2 of the 4 worker process(es)")
+    # pipeline parallel: only the last stage holds aux states, so its TP ranks are the ones counted
+    assert World(2, 2).processes == 2 and World(2, 1, 2).processes == 4
+    assert judge([worker(0, 2), worker(1, 2)], RUN, World(2, 2)).exit_code == 0
+    staged = judge([worker(0, 2)], RUN, World(2, 4))
+    assert staged.problems[0] == (
+        "1 of the 2 worker process(es) that 2 tensor x 1 data parallel imply (the last of 4 pipeline"
+        " stage(s)) reported"
+    )
     assert judge([worker(0, 2), worker(1, 2)], RUN, World(1)).exit_code == 2  # a group of 2, not 1
 
 

@@ -19,7 +19,10 @@ PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
 @dataclass(frozen=True)
 class World:
-    """The worker processes the engine arguments imply: one per (pipeline stage, tensor rank)."""
+    """The worker processes that must report, as the engine arguments imply: every tensor rank of
+    the last pipeline stage (of each data-parallel engine). vLLM's model runner returns the other
+    stages' intermediate tensors before any aux state exists (`if not get_pp_group().is_last_rank:
+    return hidden_states`, and the drafter lives on the last stage only), so they check nothing."""
 
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -27,7 +30,7 @@ class World:
 
     @property
     def processes(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        return self.tensor_parallel * self.data_parallel
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -93,8 +96,8 @@ def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str |
     if len(processes) < world.processes:
         problems.append(
             f"{len(processes)} of the {world.processes} worker process(es) that"
-            f" {world.tensor_parallel} tensor x {world.pipeline_parallel} pipeline"
-            f" x {world.data_parallel} data parallel imply reported"
+            f" {world.tensor_parallel} tensor x {world.data_parallel} data parallel imply (the last"
+            f" of {world.pipeline_parallel} pipeline stage(s)) reported"
         )
     seen = {r.get("rank") for r in ours}
     missing = [rank for rank in range(world.tensor_parallel) if rank not in seen]
