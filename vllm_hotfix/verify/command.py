@@ -223,9 +223,9 @@ class Plan:
         return [DUMMY_CAVEAT] if self.load_format == "dummy" else []
 
 
-def parse_engine_args(model: str, engine_args: list[str]) -> Any:
-    """EngineArgs from `vllm serve`'s own flags, by the installed vLLM's parser; CommandError when
-    it refuses them (its message, without argparse's exit)."""
+def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
+    """`vllm serve`'s own flags, parsed by the installed vLLM's parser; CommandError when it refuses
+    them (its message, without argparse's exit)."""
     from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
 
     if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
@@ -240,7 +240,17 @@ def parse_engine_args(model: str, engine_args: list[str]) -> Any:
         namespace = parser.parse_args(["--model", model, *engine_args])
     except SystemExit as stop:  # e.g. --help, or a parser that exits by itself
         raise CommandError(f"vLLM's argument parser stopped (exit {stop.code}) on {engine_args}") from None
-    return EngineArgs.from_cli_args(namespace)
+    return namespace
+
+
+def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
+    """vLLM's EngineArgs, which check the values (a tokenizer, a config) as they are made."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        return EngineArgs.from_cli_args(namespace)
+    except Exception as error:
+        raise CommandError(f"vLLM refused the engine arguments {given}: {_one_line(error)}") from error
 
 
 def _spec_method(config: Any) -> str | None:
@@ -321,7 +331,7 @@ class _Run:
         if plan is not None:
             lines += [f"note: {note}" for note in plan.notes]
             lines += [f"caveat: {caveat}" for caveat in plan.caveats]
-        lines += [f"problem: {problem}" for problem in judged.problems[1:] if problem != judged.reason]
+        lines += [f"problem: {problem}" for problem in judged.problems if problem != judged.reason]
         if judged.error and judged.verdict == outcome_mod.FAIL:
             lines.append(f"vLLM stopped with an error: {judged.error}")
         elif not judged.error and not judged.reports and not judged.ignored:
@@ -386,13 +396,14 @@ class _Run:
         os.environ[verify_settings.REPORT_VAR] = report_dir
         os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
         self.phase = "parsing the engine arguments"
-        engine = parse_engine_args(args.model, plan.engine_args)
+        namespace = parse_engine_args(args.model, plan.engine_args)
         plan.world = outcome_mod.World(
-            int(engine.tensor_parallel_size or 1),
-            int(engine.pipeline_parallel_size or 1),
-            int(getattr(engine, "data_parallel_size", 1) or 1),
+            int(getattr(namespace, "tensor_parallel_size", 1) or 1),
+            int(getattr(namespace, "pipeline_parallel_size", 1) or 1),
+            int(getattr(namespace, "data_parallel_size", 1) or 1),
         )
-        plan.load_format = str(getattr(engine, "load_format", None) or "") or None
+        plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
+        engine = engine_args_from(namespace, plan.engine_args)
         own = engine.speculative_config
         if own:
             if args.ids:
