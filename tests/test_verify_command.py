@@ -216,6 +216,13 @@ def test_bad_options_exit_3_in_one_line(testenv, plugin, tiny_checkpoint, tmp_pa
         "vLLM refused the engine arguments ['--no-such-flag', '2']: unrecognized arguments" in found["error"]
     )
     assert found["engine_args"] == ["--no-such-flag", "2"] and found["run_id"]
+    # a speculative config of the user's is kept: its ids are checked, so --ids is refused
+    own = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    done = _verify(
+        testenv, plugin, tmp_path, str(tiny_checkpoint), "--ids", "1", "--", "--speculative-config", own
+    )
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--ids sets extract_hidden_states' layer ids; with your own --speculative-config" in done.stdout
 
 
 @pytest.mark.vllm

@@ -9,5 +9,6 @@ few steps, and logs one verdict line per process:
 - `window.py`: the steps of one process together: verdict, log line, JSON report, hint;
 - `seam.py`: where the runner receives the states, probed per loaded runner class, and the
   wrapper put there for the window only;
-- `command.py`: `vllm-hotfix verify MODEL`, which starts vLLM with the check on.
+- `command.py`: `vllm-hotfix verify MODEL`, which starts vLLM with the check on;
+- `outcome.py`: that command's verdict and exit code from the workers' reports of its run.
 """
