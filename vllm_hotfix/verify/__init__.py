@@ -4,7 +4,8 @@ Wrong aux states are silent: a draft or a training set built from them is simply
 user asks for it, every vLLM worker checks the states its model hands to the runner, for the first
 few steps, and logs one verdict line per process:
 
-- `settings.py`: the switches (VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT), read without torch;
+- `settings.py`: the switches (VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT, and the run id
+  VLLM_HOTFIX_VERIFY_RUN_ID set by the command), read without torch;
 - `checks.py`: the checks of one step (count and shape, ranks agree, finite, final id), with torch;
 - `window.py`: the steps of one process together: verdict, log line, JSON report, hint;
 - `seam.py`: where the runner receives the states, probed per loaded runner class, and the
