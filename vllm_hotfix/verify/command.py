@@ -34,7 +34,7 @@ from vllm_hotfix.verify import settings as verify_settings
 
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
 PREFILL_CHUNK = 256  # the smallest prefill chunk assumed when sizing the window (an upper bound)
-DEFAULT_LENGTHS = (16, 64, 512, 2048)  # above ~36 tokens other kernel paths start (TP=8)
+DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
@@ -266,6 +266,7 @@ class _Run:
         self.args = args
         self.stdout = stdout
         self.llm: Any = None
+        self.engine: Any = None  # vLLM's EngineArgs, once parsed
         self.plan: Plan | None = None
         self.phase = "reading the options"
         self.started = time.monotonic()
