@@ -35,9 +35,17 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
         key = (tp, version, tuple(sorted(env.items())))
         if key not in cache:
             work = tmp_path_factory.mktemp(f"verify-{version}-tp{tp}")
-            args = ["-m", "vllm_hotfix", "verify", str(tiny_checkpoint), "--tensor-parallel-size", str(tp)]
-            args += ["--max-model-len", "128", "--enforce-eager", "--prompts", "2"]
-            args += ["--report-dir", str(work / "reports")]
+            args = [
+                "-m",
+                "vllm_hotfix",
+                "verify",
+                str(tiny_checkpoint),
+                "--report-dir",
+                str(work / "reports"),
+            ]
+            args += ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
+            args += ["--json"] if tp == 1 else []  # text at TP=2, one JSON document at TP=1
+            args += ["--", "--tensor-parallel-size", str(tp), "--max-model-len", "128", "--enforce-eager"]
             extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), **env}
             if tp > 1:
                 extra.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -124,6 +132,40 @@ def test_tp1_patched_passes(verify) -> None:
     assert report["verdict"] == "PASS" and report["world"] == 1 and report["final"]["ok"] is True
 
 
+def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
+    """--json: stdout is one JSON document (vLLM's own log went to stderr), with this run's id in
+    every worker report it counts, the world the engine arguments imply, and the workload."""
+    run = verify(1)
+    found = json.loads(run["stdout"])
+    assert (found["verdict"], found["exit_code"], found["error"], found["problems"]) == ("PASS", 0, None, [])
+    assert found["world"] == {
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "data_parallel": 1,
+        "processes": 1,
+    }
+    assert found["engine_args"] == [
+        "--tensor-parallel-size",
+        "1",
+        "--max-model-len",
+        "128",
+        "--enforce-eager",
+    ]
+    assert found["method"] == "extract_hidden_states" and found["ids"] == [1, 2, 4]
+    assert found["workload"] == {
+        "prompt_lengths": [16, 40],
+        "skipped_lengths": [],
+        "batch_sizes": [2],
+        "steps": 8,
+        "decode_tokens": 2,
+    }
+    (rank,) = found["ranks"]
+    assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
+    assert {"count", "ranks_agree", "finite", "final"} <= set(rank)
+    assert max(rank["tokens"]) >= 40, rank["tokens"]  # the 40-token prompts' prefill was checked
+    assert found["ignored_reports"] == 0 and found["caveats"] == [] and found["load_format"] == "auto"
+
+
 def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
     run = verify(1, VLLM_HOTFIX_TEST_FAULT="0:-1", VLLM_HOTFIX_STRICT="1")
     assert run["code"] == 1, _describe(run)
@@ -131,7 +173,8 @@ def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
     assert report["verdict"] == "FAIL" and report["final"]["ok"] is False, report
     assert report["final"]["max_rel_diff"] > 0.1 and report["ranks_agree"]["ok"]
     assert "VerifyError" in run["log"] and "VLLM_HOTFIX_STRICT=1 stops the run" in run["log"]
-    assert "vLLM stopped with an error" in run["stdout"]
+    found = json.loads(run["stdout"])
+    assert (found["verdict"], found["exit_code"]) == ("FAIL", 1) and found["error"]  # vLLM stopped
 
 
 def test_newest_release_in_bfloat16_passes(verify) -> None:

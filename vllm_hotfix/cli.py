@@ -194,8 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """`verify` passes what it does not know, and all after `--`, to vLLM's own engine parser."""
+    head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = build_parser()
+    args, extra = parser.parse_known_args(head)
+    if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
+        if extra or tail:
+            parser.error(f"unrecognized arguments: {' '.join(extra + tail)}")
+    else:
+        args.engine_args = extra + tail
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else list(argv))
     return args.run(args)
 
 

@@ -60,6 +60,22 @@ def fix_statuses() -> list[dict[str, Any]]:
     return rows
 
 
+def verify_status() -> dict[str, Any]:
+    """The in-worker check as this environment sets it (VLLM_HOTFIX_VERIFY): on or off, its window,
+    where reports go, and any settings problem. Read without torch or vLLM."""
+    from vllm_hotfix.verify import settings as verify_settings
+
+    found = verify_settings.read()
+    return {
+        "on": found.steps > 0,
+        verify_settings.VERIFY_VAR: os.environ.get(verify_settings.VERIFY_VAR),
+        "steps": found.steps,
+        "report_dir": found.report_dir,
+        "run_id": found.run_id,
+        "problem": found.problem,
+    }
+
+
 def process_status() -> dict[str, Any]:
     found = settings_mod.read_settings(FIX_IDS)
     loaded = loaded_vllm_version()
@@ -79,6 +95,7 @@ def process_status() -> dict[str, Any]:
             "problems": list(found.problems),
         },
         "site_hook": site_hook.installed_path(),
+        "verify": verify_status(),
         "fixes": fix_statuses(),
     }
 
@@ -95,6 +112,14 @@ def format_text(status: dict[str, Any]) -> str:
         f"site hook: {status['site_hook'] or 'not installed'}",
     ]
     lines += [f"settings problem: {problem}" for problem in settings["problems"]]
+    verify = status["verify"]
+    if verify["on"]:
+        where = verify["report_dir"] or "none (VLLM_HOTFIX_VERIFY_REPORT unset: log lines only)"
+        lines.append(f"verify: on, the first {verify['steps']} steps that carry aux states; reports: {where}")
+    else:
+        lines.append("verify: off (VLLM_HOTFIX_VERIFY=1 checks the aux states in every vLLM worker)")
+    if verify["problem"]:
+        lines.append(f"settings problem: {verify['problem']}")
     for fix in status["fixes"]:
         first, last = fix["known_affected"]
         lines += [

@@ -1,27 +1,54 @@
-"""`vllm-hotfix verify MODEL`: start vLLM with extract_hidden_states and the check on, run a few
-prompts, print the verdict per check and per rank; exit 0 on PASS, 1 on FAIL, 2 when nothing could
-be checked.
+"""`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: start vLLM with the check on, run prompts of
+the asked lengths and batch sizes, read the workers' JSON reports of this run and give one verdict.
+
+Exit codes: 0 PASS, 1 FAIL, 2 nothing could be checked (UNKNOWN), 3 the command or vLLM failed
+(bad options or engine arguments, vLLM's own error, the --timeout). Engine arguments are parsed by
+the installed vLLM's own parser (EngineArgs.add_cli_args), so every `vllm serve` flag works. Only
+the verdict goes to stdout (one JSON document with --json): vLLM's log is sent to stderr.
 
 The check itself runs in vLLM's workers (seam.py), armed there by the `vllm.general_plugins` entry
 point that a pip install of vllm-hotfix registers (or its site hook): this command only sets the
-switches, drives the engine and reads the workers' JSON reports.
+switches, drives the engine and reads the reports (outcome.py judges them).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import glob
 import json
+import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
-from typing import Any
+import traceback
+import uuid
+from typing import Any, TextIO
 
+from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
-EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
+PREFILL_CHUNK = 256  # the smallest prefill chunk assumed when sizing the window (an upper bound)
+DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
+DEFAULT_BATCHES = (1, 4)
+DUMMY_CAVEAT = (
+    "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
+    " in +-1e-3, the same values for every parameter of the same size and dtype), not the"
+    " checkpoint's. This run shows that the aux states arrive (count and shape), are finite and"
+    " agree between ranks for these weights; it cannot show that their values are right for the"
+    " model: a defect whose size depends on the real weights (a norm's weights, a layer's share of"
+    " the residual stream) can stay inside the tolerance, and the final id is compared with a norm"
+    " whose weights are not the model's. Run it again on the checkpoint before trusting a PASS."
+)
+
+
+class CommandError(Exception):
+    """A problem with the command's options or engine arguments: exit 3, in one line."""
 
 
 def default_ids(layers: int) -> list[int]:
@@ -31,12 +58,55 @@ def default_ids(layers: int) -> list[int]:
     return [*sorted(eagle3), layers]
 
 
-def _layers(model: str, trust_remote_code: bool) -> int:
-    from transformers import AutoConfig
+def _numbers(text: str, what: str, least: int) -> list[int]:
+    """A comma-separated list of whole numbers >= least; argparse turns the error into exit 3."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} must be whole numbers, e.g. 1,4") from None
+    if not values or min(values) < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
+    return values
 
-    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(text.num_hidden_layers)
+
+def _ids(text: str) -> list[int]:
+    return _numbers(text, "aux layer ids", 0)
+
+
+def _lengths(text: str) -> list[int]:
+    return _numbers(text, "prompt lengths", 1)
+
+
+def _batches(text: str) -> list[int]:
+    return _numbers(text, "batch sizes", 1)
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of steps") from None
+    if value < 2:  # VLLM_HOTFIX_VERIFY=1 means the default window, not one step
+        raise argparse.ArgumentTypeError(f"{text!r}: check at least 2 steps")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds > 0")
+    return value
+
+
+def window_steps(lengths: list[int], batches: list[int]) -> int:
+    """Steps enough to cover the whole workload: every prefill chunk (at least PREFILL_CHUNK tokens
+    each) and the decode steps of every generate call. An over-estimate costs only the top-up
+    decode steps that fill the window; an under-estimate would leave the last prompts unchecked."""
+    prefills = sum(b * math.ceil(n / PREFILL_CHUNK) for b in batches for n in lengths)
+    return max(2, prefills + DECODE * len(batches) * len(lengths))
 
 
 def _plugin_reachable() -> bool:
@@ -56,50 +126,72 @@ def _say(text: str) -> None:
     print(f"vllm-hotfix verify: {text}", file=sys.stderr, flush=True)
 
 
-def _prompts(count: int, vocab: int) -> list[list[int]]:
-    """Fixed token-id prompts (no tokenizer needed), 12 to 40 tokens, inside the vocabulary."""
-    prompts = []
-    for p in range(count):
-        length = 12 + (7 * p) % 29
-        prompts.append([(37 * p + 101 * t + 5) % max(vocab - 1, 2) + 1 for t in range(length)])
-    return prompts
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def read_reports(directory: str) -> list[dict[str, Any]]:
+    """Every worker report in `directory`, of any run; an unreadable file is skipped (a report is
+    written atomically, so a half-written one is a stranger's)."""
     reports = []
     for path in sorted(glob.glob(os.path.join(directory, "verify-*.json"))):
-        with open(path, encoding="utf-8") as handle:
-            reports.append(json.load(handle))
-    return sorted(reports, key=lambda r: (r.get("rank") is None, r.get("rank") or 0, r["pid"]))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict):
+            reports.append(found)
+    return reports
+
+
+def _figure(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
 
 
 def format_reports(reports: list[dict[str, Any]]) -> str:
     lines = []
     for r in reports:
-        agree, final = r["ranks_agree"], r["final"]
-        lines.append(f"rank {r['rank']}/{r['world']} (pid {r['pid']}): {r['verdict']}")
-        if r["model"] is not None:
+        agree, final = r.get("ranks_agree") or {}, r.get("final") or {}
+        lines.append(f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}")
+        if r.get("model") is not None:
+            lines.append(f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')},")
+            lines[-1] += f" vLLM {r.get('vllm_version')}"
             lines.append(
-                f"  model {r['model']} ({r['model_class']}), ids {r['ids']}, vLLM {r['vllm_version']}"
+                f"  steps checked: {r.get('steps')} of {r.get('steps_wanted')} (tokens {r.get('tokens')})"
             )
-            lines.append(f"  steps checked: {r['steps']} of {r['steps_wanted']} (tokens {r['tokens']})")
-        if r["steps"]:
+        if r.get("steps"):
+            count = r.get("count") or {}
             lines.append(
-                f"  count and shape: {'ok' if r['count']['ok'] else 'FAIL: ' + r['count']['detail']}"
+                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}"
             )
+            tolerance, figure = agree.get("tolerance"), _figure(agree.get("max_rel_diff"))
             lines.append(
-                f"  ranks agree: {'ok' if agree['ok'] else 'FAIL'} (max rel diff {agree['max_rel_diff']:.3g},"
-                f" tolerance {agree['tolerance']:.0e}"
-                + (f", worst at id {agree['worst_id']}" if agree["worst_id"] is not None else "")
+                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {figure},"
+                f" tolerance {'n/a' if tolerance is None else f'{tolerance:.0e}'}"
+                + (f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else "")
                 + ")"
             )
-            lines.append(f"  finite: {'ok' if r['finite']['ok'] else 'FAIL'}")
-            if final["ok"] is None:
-                lines.append(f"  final id: not checked ({final['note']})")
+            lines.append(f"  finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}")
+            if final.get("ok") is None:
+                lines.append(f"  final id: not checked ({final.get('note')})")
             else:
                 word = "ok" if final["ok"] else "FAIL"
-                lines.append(f"  final id: {word} (max rel diff {final['max_rel_diff']:.3g})")
-        if r["failed_ranks"]:
+                lines.append(f"  final id: {word} (max rel diff {_figure(final.get('max_rel_diff'))})")
+        for entry in r.get("per_id") or []:
+            figure = f"max rel diff {_figure(entry.get('max_rel_diff'))}"
+            against = f" vs {entry['reference']}" if entry.get("reference") else ""
+            why = f": {entry['why']}" if entry.get("why") else ""
+            lines.append(f"  id {entry.get('id')}: {entry.get('status')} ({figure}{against}){why}")
+        for error in r.get("errors") or []:
+            lines.append(
+                f"  error on rank {error.get('rank')} at {error.get('stage')}: {error.get('message')}"
+            )
+        exchange = r.get("exchange")
+        if isinstance(exchange, dict) and (exchange.get("ok") is False or exchange.get("note")):
+            lines.append(f"  exchange: {'ok' if exchange.get('ok') else 'FAILED'} ({exchange.get('note')})")
+        if r.get("failed_ranks"):
             lines.append(f"  failed on ranks: {r['failed_ranks']}")
         for key in ("note", "hint"):
             if r.get(key):
@@ -107,113 +199,386 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def verdict(reports: list[dict[str, Any]], world: int) -> tuple[str, int]:
-    verdicts = [r["verdict"] for r in reports]
-    if "FAIL" in verdicts:
-        return "FAIL", EXIT_FAIL
-    if len(reports) >= world and verdicts and all(v == "PASS" for v in verdicts):
-        return "PASS", EXIT_PASS
-    return "UNKNOWN", EXIT_UNKNOWN
+@dataclasses.dataclass
+class Plan:
+    """What the run checks, fixed before vLLM starts (workload trimmed once the engine says its
+    max_model_len)."""
+
+    model: str
+    engine_args: list[str]
+    run_id: str
+    report_dir: str
+    steps: int
+    lengths: list[int]
+    batches: list[int]
+    ids: list[int] | None = None  # None: the user's own speculative config decides them
+    method: str = "extract_hidden_states"
+    world: outcome_mod.World = dataclasses.field(default_factory=outcome_mod.World)
+    load_format: str | None = None
+    skipped_lengths: list[int] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def caveats(self) -> list[str]:
+        return [DUMMY_CAVEAT] if self.load_format == "dummy" else []
+
+
+def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
+    """`vllm serve`'s own flags, parsed by the installed vLLM's parser; CommandError when it refuses
+    them (its message, without argparse's exit)."""
+    from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
+
+    if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
+        raise CommandError("give the model as MODEL, not as --model in the engine arguments")
+
+    class Parser(FlexibleArgumentParser):
+        def error(self, message: str) -> Any:  # type: ignore[override]
+            raise CommandError(f"vLLM refused the engine arguments {engine_args}: {message}")
+
+    parser = EngineArgs.add_cli_args(Parser(prog="vllm-hotfix verify --"))
+    try:
+        namespace = parser.parse_args(["--model", model, *engine_args])
+    except SystemExit as stop:  # e.g. --help, or a parser that exits by itself
+        raise CommandError(f"vLLM's argument parser stopped (exit {stop.code}) on {engine_args}") from None
+    return namespace
+
+
+def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
+    """vLLM's EngineArgs, which check the values (a tokenizer, a config) as they are made."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    try:
+        return EngineArgs.from_cli_args(namespace)
+    except Exception as error:
+        raise CommandError(f"vLLM refused the engine arguments {given}: {_one_line(error)}") from error
+
+
+def _spec_method(config: Any) -> str | None:
+    if isinstance(config, dict):
+        return config.get("method")
+    return getattr(config, "method", None)
+
+
+class _Run:
+    """One run: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
+
+    def __init__(self, args: argparse.Namespace, stdout: TextIO) -> None:
+        self.args = args
+        self.stdout = stdout
+        self.llm: Any = None
+        self.engine: Any = None  # vLLM's EngineArgs, once parsed
+        self.plan: Plan | None = None
+        self.phase = "reading the options"
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self, error: str | None = None, timed_out: bool = False) -> None:
+        """Judge, print, stop the engine, exit. Called once (the watchdog may race the main thread)."""
+        if not self.lock.acquire(blocking=False):
+            time.sleep(3600)  # the other thread is ending the process
+        plan = self.plan
+        reports = read_reports(plan.report_dir) if plan is not None else []
+        run_id = plan.run_id if plan is not None else ""
+        world = plan.world if plan is not None else outcome_mod.World()
+        judged = outcome_mod.judge(reports, run_id, world, error)
+        try:
+            if self.args.json:
+                print(json.dumps(self.document(judged, timed_out), indent=2), file=self.stdout)
+            else:
+                print(self.text(judged), file=self.stdout)
+            self.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        self.stop_engine(forced=timed_out or self.llm is None)
+        os._exit(judged.exit_code)  # vLLM's engine processes may hold the interpreter's exit
+
+    def stop_engine(self, forced: bool) -> None:
+        """vLLM's own shutdown (bounded), then any child process still running is killed: an
+        engine that timed out, or failed while starting, must not outlive the command."""
+        if self.llm is not None:
+            done = threading.Thread(target=self._shutdown, daemon=True)
+            done.start()
+            done.join(30)
+        with contextlib.suppress(Exception):
+            import psutil  # a dependency of vLLM's, not of vllm-hotfix: the command runs beside vLLM
+
+            children = psutil.Process().children(recursive=True)
+            for child in children:
+                with contextlib.suppress(Exception):
+                    child.send_signal(signal.SIGTERM if not forced else signal.SIGKILL)
+            psutil.wait_procs(children, timeout=10)
+            for child in children:
+                with contextlib.suppress(Exception):
+                    child.kill()
+
+    def _shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.llm.llm_engine.engine_core.shutdown()
+
+    def expire(self) -> None:
+        limit = self.args.timeout
+        self.finish(f"--timeout {limit:g} s expired while {self.phase}; the engine was shut down", True)
+
+    # -- output --------------------------------------------------------------------------------
+    def text(self, judged: outcome_mod.Outcome) -> str:
+        lines = [format_reports(judged.reports) or "no worker reported a check for this run"]
+        plan = self.plan
+        if judged.ignored and plan is not None:
+            lines.append(
+                f"ignored {judged.ignored} report(s) of other runs in {plan.report_dir} (another run id)"
+            )
+        if plan is not None:
+            lines += [f"note: {note}" for note in plan.notes]
+            lines += [f"caveat: {caveat}" for caveat in plan.caveats]
+        lines += [f"problem: {problem}" for problem in judged.problems if problem != judged.reason]
+        if judged.error and judged.verdict == outcome_mod.FAIL:
+            lines.append(f"vLLM stopped with an error: {judged.error}")
+        elif not judged.error and not judged.reports and not judged.ignored:
+            lines.append(
+                "no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
+            )
+        lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
+        return "\n".join(lines)
+
+    def document(self, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "verdict": judged.verdict,
+            "exit_code": judged.exit_code,
+            "reason": judged.reason,
+            "problems": judged.problems,
+            "error": judged.error,
+            "timed_out": timed_out,
+            "run_id": plan.run_id if plan else None,
+            "model": self.args.model,
+            "engine_args": list(self.args.engine_args),
+            "method": plan.method if plan else None,
+            "ids": plan.ids if plan else None,
+            "world": plan.world.as_dict() if plan else None,
+            "workload": None
+            if plan is None
+            else {
+                "prompt_lengths": plan.lengths,
+                "skipped_lengths": plan.skipped_lengths,
+                "batch_sizes": plan.batches,
+                "steps": plan.steps,
+                "decode_tokens": DECODE,
+            },
+            "load_format": plan.load_format if plan else None,
+            "caveats": plan.caveats if plan else [],
+            "notes": plan.notes if plan else [],
+            "report_dir": plan.report_dir if plan else None,
+            "ignored_reports": judged.ignored,
+            "per_id": outcome_mod.per_id(judged.reports),
+            "ranks": judged.reports,
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+
+    # -- the run -------------------------------------------------------------------------------
+    def prepare(self) -> Plan:
+        args = self.args
+        lengths = args.prompt_lengths or list(DEFAULT_LENGTHS)
+        batches = args.batch_sizes or list(DEFAULT_BATCHES)
+        report_dir = args.report_dir or tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
+        plan = Plan(
+            model=args.model,
+            engine_args=list(args.engine_args),
+            run_id=uuid.uuid4().hex,
+            report_dir=report_dir,
+            steps=args.steps or window_steps(lengths, batches),
+            lengths=sorted(set(lengths)),
+            batches=sorted(set(batches)),
+        )
+        self.plan = plan  # from here on the output names the report directory and the run id
+        # Before vLLM is imported (by its argument parser): this process arms on that import.
+        os.environ[verify_settings.VERIFY_VAR] = str(plan.steps)
+        os.environ[verify_settings.REPORT_VAR] = report_dir
+        os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
+        self.phase = "parsing the engine arguments"
+        namespace = parse_engine_args(args.model, plan.engine_args)
+        plan.world = outcome_mod.World(
+            int(getattr(namespace, "tensor_parallel_size", 1) or 1),
+            int(getattr(namespace, "pipeline_parallel_size", 1) or 1),
+            int(getattr(namespace, "data_parallel_size", 1) or 1),
+        )
+        plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
+        engine = engine_args_from(namespace, plan.engine_args)
+        own = engine.speculative_config
+        if own:
+            if args.ids:
+                raise CommandError(
+                    "--ids sets extract_hidden_states' layer ids; with your own --speculative-config"
+                    " its aux layer ids are the ones checked (set them there)"
+                )
+            plan.method = f"your --speculative-config (method {_spec_method(own)!r})"
+            plan.ids = None
+        else:
+            self.phase = "reading the model's config"
+            config = engine.create_model_config()
+            plan.ids = args.ids or default_ids(int(config.hf_text_config.num_hidden_layers))
+            engine.speculative_config = {
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
+            }
+        self.engine = engine
+        return plan
+
+    def main(self) -> None:
+        args = self.args
+        plan = self.prepare()
+        if not _plugin_reachable():
+            _say(
+                "WARNING: vLLM's worker processes will not load vllm-hotfix (no `vllm.general_plugins`"
+                " entry point of vllm_hotfix, or VLLM_PLUGINS filters it out, and no site hook): the"
+                " check cannot run in them. Install vllm-hotfix with pip in vLLM's environment."
+            )
+        for caveat in plan.caveats:
+            _say(caveat)
+        _say(
+            f"starting vLLM with {args.model} ({plan.world.tensor_parallel} tensor x"
+            f" {plan.world.pipeline_parallel} pipeline parallel; {plan.method}; aux ids"
+            f" {plan.ids if plan.ids is not None else 'from your speculative config'}; {plan.steps} checked"
+            f" steps; run {plan.run_id}); vLLM's own log follows. Reports: {plan.report_dir}"
+        )
+        self.phase = "starting vLLM"
+        from vllm import LLM, SamplingParams
+
+        options = {f.name: getattr(self.engine, f.name) for f in dataclasses.fields(self.engine) if f.init}
+        try:
+            self.llm = LLM(**options)
+            model_config = self.llm.llm_engine.model_config
+            vocab, max_len = model_config.get_vocab_size(), int(model_config.max_model_len)
+            plan.skipped_lengths = [n for n in plan.lengths if n + DECODE > max_len]
+            if plan.skipped_lengths:
+                plan.notes.append(
+                    f"prompt lengths {plan.skipped_lengths} left out: over max_model_len {max_len}"
+                )
+            plan.lengths = [n for n in plan.lengths if n + DECODE <= max_len]
+            _say(f"vLLM started in {time.monotonic() - self.started:.0f} s")
+            counter = 0
+            greedy = SamplingParams(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
+            for batch in plan.batches:
+                for length in plan.lengths:
+                    self.phase = f"generating {batch} prompt(s) of {length} tokens"
+                    prompts = []
+                    for _ in range(batch):  # distinct prompts: no prefix cache hit hides a prefill
+                        prompts.append({"prompt_token_ids": _prompt(counter, length, vocab)})
+                        counter += 1
+                    self.llm.generate(prompts, greedy, use_tqdm=False)
+            self.top_up(plan, vocab, max_len, counter, SamplingParams)
+        except CommandError:
+            raise
+        except Exception as error:  # vLLM's own error: exit 3, with whatever the check saw
+            if args.debug:
+                traceback.print_exc()
+            self.finish(f"vLLM failed while {self.phase}: {_one_line(error)}")
+        self.phase = "reading the reports"
+        self.finish()
+
+    def top_up(self, plan: Plan, vocab: int, max_len: int, counter: int, sampling: Any) -> None:
+        """Decode steps until every expected process has reported (its window is full): the window
+        is sized as an upper bound, so the workload alone may not fill it."""
+        length = min(16, max(1, max_len - 4))
+        tokens = max(1, min(plan.steps + 2, max_len - length))
+        for attempt in range(1 + plan.steps // tokens):
+            mine = [r for r in read_reports(plan.report_dir) if r.get("run_id") == plan.run_id]
+            if len(mine) >= plan.world.processes:
+                return
+            self.phase = f"filling the window with decode steps (round {attempt + 1})"
+            prompt = {"prompt_token_ids": _prompt(counter + attempt, length, vocab)}
+            self.llm.generate(
+                [prompt], sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
+            )
+
+
+def _prompt(index: int, length: int, vocab: int) -> list[int]:
+    """Fixed token ids (no tokenizer needed) inside the vocabulary, distinct per index."""
+    span = max(vocab - 1, 2)
+    return [(37 * index + 101 * t + 7 * index * t + 5) % span + 1 for t in range(length)]
+
+
+def _keep_stdout() -> TextIO:
+    """The real stdout for the verdict alone; fd 1 (vLLM's log, and every child process it starts)
+    goes to stderr from here on."""
+    sys.stdout.flush()
+    kept = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    return kept
 
 
 def run(args: argparse.Namespace) -> int:
-    ids = [int(x) for x in args.ids.split(",")] if args.ids else None
-    report_dir = args.report_dir or tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
-    os.environ[verify_settings.VERIFY_VAR] = str(args.steps)
-    os.environ[verify_settings.REPORT_VAR] = report_dir
-    if not _plugin_reachable():
-        _say(
-            "WARNING: vLLM's worker processes will not load vllm-hotfix (no `vllm.general_plugins`"
-            " entry point of vllm_hotfix, or VLLM_PLUGINS filters it out, and no site hook): the"
-            " check cannot run in them. Install vllm-hotfix with pip in vLLM's environment."
-        )
-    import vllm_hotfix  # noqa: F401  (arms this process: the engine core may run the model here)
-
-    if ids is None:
-        ids = default_ids(_layers(args.model, args.trust_remote_code))
-    _say(
-        f"starting vLLM with {args.model} (tensor parallel {args.tensor_parallel_size}, aux ids {ids},"
-        f" {args.steps} checked steps); vLLM's own log follows. Reports: {report_dir}"
-    )
-    started = time.monotonic()
-    error = None
-    llm = None
+    runner = _Run(args, _keep_stdout())
+    if args.timeout:
+        watchdog = threading.Timer(args.timeout, runner.expire)
+        watchdog.daemon = True
+        watchdog.start()
     try:
-        from vllm import LLM, SamplingParams
-
-        options: dict[str, Any] = {}
-        if args.max_model_len:
-            options["max_model_len"] = args.max_model_len
-        if args.dtype:
-            options["dtype"] = args.dtype
-        llm = LLM(
-            model=args.model,
-            tensor_parallel_size=args.tensor_parallel_size,
-            enforce_eager=args.enforce_eager,
-            trust_remote_code=args.trust_remote_code,
-            seed=0,
-            speculative_config={
-                "method": "extract_hidden_states",
-                "num_speculative_tokens": 1,
-                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
-            },
-            **options,
-        )
-        _say(f"vLLM started in {time.monotonic() - started:.0f} s; generating {args.prompts} prompt(s)")
-        vocab = llm.llm_engine.model_config.get_vocab_size()
-        llm.generate(
-            [{"prompt_token_ids": p} for p in _prompts(args.prompts, vocab)],
-            SamplingParams(max_tokens=args.steps + 2, temperature=0.0, ignore_eos=True),
-            use_tqdm=False,
-        )
-    except Exception as caught:  # vLLM's own error: reported as such, with whatever the check saw
-        error = f"{type(caught).__name__}: {caught}"
-    reports = read_reports(report_dir)
-    print(format_reports(reports) or "no worker reported a check")
-    if error is not None:
-        print(f"vLLM stopped with an error: {error}")
-    name, code = verdict(reports, args.tensor_parallel_size)
-    if name == "UNKNOWN" and error is None and not reports:
-        print("no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?")
-    print(f"verdict: {name}" + (" (vLLM stopped with an error)" if error and name != "FAIL" else ""))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if llm is not None:
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
-    os._exit(code)  # vLLM's engine processes may hold the interpreter's exit; the verdict is out
+        runner.main()
+    except CommandError as error:
+        if args.debug:
+            traceback.print_exc()
+        runner.finish(str(error))
+    except Exception as error:  # the command's own failure: one line, exit 3
+        if args.debug:
+            traceback.print_exc()
+        runner.finish(f"the command failed while {runner.phase}: {_one_line(error)}")
+    return outcome_mod.EXIT_ERROR  # not reached: finish exits
 
 
-def _steps(text: str) -> int:
-    value = int(text)
-    if value < 2:  # VLLM_HOTFIX_VERIFY=1 means the default window, not one step
-        raise argparse.ArgumentTypeError(f"{text!r}: check at least 2 steps")
-    return value
+def _usage_error(parser: argparse.ArgumentParser) -> Any:
+    def error(message: str) -> Any:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {message} (exit 3)", file=sys.stderr)
+        sys.exit(outcome_mod.EXIT_ERROR)
+
+    return error
 
 
 def add_parser(commands: Any) -> None:
     verify = commands.add_parser(
         "verify",
+        allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of one of ours
         help="start vLLM on MODEL with the aux-state check on and say whether the states are right",
-        description="Starts vLLM with the extract_hidden_states method and VLLM_HOTFIX_VERIFY on, runs a"
-        " few prompts, prints per rank and per check (count and shape, ranks agree, finite, final id)"
-        " the verdict of vLLM's own workers, and exits 0 on PASS, 1 on FAIL, 2 when nothing could be"
-        " checked. VLLM_HOTFIX_STRICT=1 stops the engine at the first failed check.",
+        usage="vllm-hotfix verify MODEL [options] [-- ENGINE ARGS (any `vllm serve` flag)]",
+        description="Starts vLLM with the check on (VLLM_HOTFIX_VERIFY) and extract_hidden_states (or"
+        " your own --speculative-config), runs prompts of each length in each batch size, and prints"
+        " the verdict of vLLM's own workers for this run, per rank, per check and per id. Exit codes:"
+        " 0 PASS, 1 FAIL, 2 nothing could be checked, 3 the command or vLLM failed. Engine arguments"
+        " (after `--`, or any flag this command does not know) go unchanged to the installed vLLM's"
+        " own parser, e.g. `-- --tensor-parallel-size 8 --quantization fp8`. VLLM_HOTFIX_STRICT=1"
+        " stops the engine at the first failed check.",
     )
+    verify.error = _usage_error(verify)  # type: ignore[method-assign]
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
-    verify.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     verify.add_argument(
-        "--ids", help="aux layer ids, e.g. 2,30,58 (default: the EAGLE3 convention plus the final layer)"
+        "--ids",
+        type=_ids,
+        help="aux layer ids for extract_hidden_states, e.g. 2,30,58,61 (default: the EAGLE3"
+        " convention 2,L//2,L-3 plus the final layer L); not with your own --speculative-config",
     )
-    verify.add_argument("--prompts", type=int, default=4, help="prompts to run (default 4)")
     verify.add_argument(
-        "--steps", type=_steps, default=verify_settings.DEFAULT_STEPS, help="steps to check, >= 2 (default 8)"
+        "--prompt-lengths",
+        type=_lengths,
+        help="prompt lengths in tokens, e.g. 16,64,512,2048 (the default; those over max_model_len are"
+        " left out and named)",
     )
-    verify.add_argument("--max-model-len", type=int, default=None)
-    verify.add_argument("--dtype", default=None)
-    verify.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
-    verify.add_argument("--trust-remote-code", action="store_true")
+    verify.add_argument(
+        "--batch-sizes", type=_batches, help="prompts per generate call, each length in each (default 1,4)"
+    )
+    verify.add_argument(
+        "--steps",
+        type=_steps,
+        help="steps to check, >= 2 (default: enough to cover every prompt's prefill and decode)",
+    )
+    verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
+    verify.add_argument(
+        "--timeout", type=_seconds, help="seconds for the whole run; then exit 3, the engine shut down"
+    )
+    verify.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     verify.add_argument(
         "--report-dir", help="where the workers write their JSON reports (default: a new temporary directory)"
     )
-    verify.set_defaults(run=run)
+    verify.set_defaults(run=run, engine_args=[])

@@ -1,5 +1,5 @@
-"""VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT and VLLM_HOTFIX_VERIFY_TIMEOUT, read once per
-process; never raises.
+"""VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT, VLLM_HOTFIX_VERIFY_TIMEOUT and
+VLLM_HOTFIX_VERIFY_RUN_ID, read once per process; never raises.
 
 Off by default: the check exchanges a small fingerprint over the tensor-parallel group on each
 checked step, which a user must ask for.
@@ -15,6 +15,9 @@ from vllm_hotfix import settings as settings_mod
 VERIFY_VAR = "VLLM_HOTFIX_VERIFY"
 REPORT_VAR = "VLLM_HOTFIX_VERIFY_REPORT"
 TIMEOUT_VAR = "VLLM_HOTFIX_VERIFY_TIMEOUT"
+# Set by `vllm-hotfix verify` to a fresh value per run and written into every worker's report, so
+# that a report left in the directory by an earlier run is never counted as this run's.
+RUN_ID_VAR = "VLLM_HOTFIX_VERIFY_RUN_ID"
 DEFAULT_STEPS = 8
 # The deadline of one exchange between the ranks (seconds). The ranks enter it right after the same
 # forward (whose all-reduces keep them together), so a wait near it means a rank stalled or is not
@@ -25,12 +28,14 @@ DEFAULT_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class VerifySettings:
     """How many steps that carry aux states to check (0: off), where to write the JSON reports, and
-    the deadline of one exchange between the ranks."""
+    the deadline of one exchange between the ranks, and the run they belong to (None: not started
+    by `vllm-hotfix verify`)."""
 
     steps: int = 0
     report_dir: str | None = None
     problem: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
+    run_id: str | None = None
 
 
 def _timeout(env: dict[str, str] | os._Environ[str]) -> tuple[float, str | None]:
@@ -58,14 +63,15 @@ def read(environ: dict[str, str] | None = None) -> VerifySettings:
     word = raw.strip().lower()
     report_dir = env.get(REPORT_VAR) or None
     timeout_s, timeout_problem = _timeout(env)
+    run_id = env.get(RUN_ID_VAR) or None
     if word in settings_mod.FALSE_WORDS:
-        return VerifySettings(0, report_dir)
+        return VerifySettings(0, report_dir, run_id=run_id)
     if word in settings_mod.TRUE_WORDS:
-        return VerifySettings(DEFAULT_STEPS, report_dir, timeout_problem, timeout_s)
+        return VerifySettings(DEFAULT_STEPS, report_dir, timeout_problem, timeout_s, run_id)
     if word.isdigit() and int(word) >= 1:
-        return VerifySettings(int(word), report_dir, timeout_problem, timeout_s)
+        return VerifySettings(int(word), report_dir, timeout_problem, timeout_s, run_id)
     problem = (
         f"{VERIFY_VAR}={raw!r} is not valid: use 1/true/yes/on (check the first {DEFAULT_STEPS}"
         " steps that carry aux hidden states), a number of steps, or 0/false/no/off; the check is off"
     )
-    return VerifySettings(0, report_dir, problem, timeout_s)
+    return VerifySettings(0, report_dir, problem, timeout_s, run_id)

@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_hotfix.verify import settings as verify_settings
 from vllm_hotfix.verify.checks import StepCheck
 
 PASS, FAIL, UNKNOWN, SKIPPED = "PASS", "FAIL", "UNKNOWN", "SKIPPED"
@@ -89,6 +90,7 @@ class Window:
         failed_ranks = sorted({r for c in checks for r in c.failed_ranks})
         return {
             "verdict": self.verdict,
+            "run_id": verify_settings.read().run_id,  # the `vllm-hotfix verify` run, if one started us
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "rank": ctx.rank if ctx else None,

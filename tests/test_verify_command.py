@@ -1,0 +1,279 @@
+"""`vllm-hotfix verify` as a command a script can trust: its exit codes (0 PASS, 1 FAIL, 2 nothing
+checked, 3 the command or vLLM failed), this run's reports only, every expected rank counted, a
+window cut short not a PASS, engine arguments through vLLM's own parser, --json, --timeout, and
+`vllm-hotfix status`'s line on the check.
+
+The verdict logic runs on report dicts (what the workers write; with and without the fields other
+parts of the check add: per_id, errors, exchange). The command's failures run the real command on
+the real vLLM of the test environment; one of them starts the engine (a checkpoint without its
+weights, so that vLLM fails while starting). The passing and failing engine runs are in
+tests/test_verify.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import TestEnv
+from harness.ways_in import install_plugin
+from vllm_hotfix import cli, report
+from vllm_hotfix.verify import command, outcome
+from vllm_hotfix.verify.outcome import World, judge
+
+RUN = "this-run"
+
+
+def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | None = RUN, **more: Any):
+    """A worker report as window.py writes it (the keys the verdict reads)."""
+    found = {
+        "verdict": verdict,
+        "run_id": run_id,
+        "pid": 100 + rank,
+        "host": "node",
+        "rank": rank,
+        "world": world,
+        "steps": 8,
+        "steps_wanted": 8,
+        "note": None,
+    }
+    found.update(more)
+    return found
+
+
+def test_every_rank_passing_its_whole_window_is_a_pass() -> None:
+    done = judge([worker(0, 2), worker(1, 2)], RUN, World(2))
+    assert (done.verdict, done.exit_code, done.problems) == ("PASS", 0, [])
+
+
+def test_a_stale_report_never_counts() -> None:
+    stale = worker(run_id="an-earlier-run")
+    alone = judge([stale], RUN, World(1))
+    assert (alone.verdict, alone.exit_code, alone.ignored, alone.reports) == ("UNKNOWN", 2, 1, [])
+    assert "1 report(s) of other runs ignored" in alone.reason
+    unset = judge([worker(run_id=None)], RUN, World(1))  # a report of a server, not of this command
+    assert unset.exit_code == 2 and unset.ignored == 1
+    # the case of the issue: a stale PASS left in --report-dir and an engine that failed at start
+    failed = judge([stale], RUN, World(1), error="vLLM failed while starting vLLM: RuntimeError: x")
+    assert (failed.verdict, failed.exit_code) == ("UNKNOWN", 3) and failed.reason.startswith("vLLM failed")
+
+
+def test_a_missing_rank_is_not_a_pass() -> None:
+    done = judge([worker(0, 2)], RUN, World(2))
+    assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
+    assert done.problems[0].startswith("1 of the 2 worker process(es) that 2 tensor x 1 data parallel")
+    assert "no report from tensor-parallel rank(s) [1]" in done.problems
+    # pipeline parallel: only the last stage holds aux states, so its TP ranks are the ones counted
+    assert World(2, 2).processes == 2 and World(2, 1, 2).processes == 4
+    assert judge([worker(0, 2), worker(1, 2)], RUN, World(2, 2)).exit_code == 0
+    staged = judge([worker(0, 2)], RUN, World(2, 4))
+    assert staged.problems[0] == (
+        "1 of the 2 worker process(es) that 2 tensor x 1 data parallel imply (the last of 4 pipeline"
+        " stage(s)) reported"
+    )
+    assert judge([worker(0, 2), worker(1, 2)], RUN, World(1)).exit_code == 2  # a group of 2, not 1
+
+
+def test_a_window_cut_short_is_not_a_pass() -> None:
+    short = worker(steps=3, note="the run ended after 3 of 8 steps")  # window.py: still "PASS"
+    done = judge([short], RUN, World(1))
+    assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
+    assert "the window was cut short, 3 of 8 steps checked" in done.reason
+
+
+def test_a_rank_error_or_a_failed_exchange_is_not_a_pass() -> None:
+    errors = [{"rank": 1, "stage": "projection", "message": "RuntimeError: planted"}]
+    done = judge([worker(0, 2, errors=errors), worker(1, 2)], RUN, World(2))
+    assert done.exit_code == 2 and "at projection: RuntimeError: planted" in done.reason
+    exchange = {"ok": False, "note": "deadline of 30 s hit"}
+    done = judge([worker(0, 2, exchange=exchange), worker(1, 2)], RUN, World(2))
+    assert done.exit_code == 2 and "exchange between ranks failed: deadline of 30 s hit" in done.reason
+    fine = {"ok": True, "note": None}
+    assert judge([worker(exchange=fine, errors=[], per_id=[])], RUN, World(1)).exit_code == 0
+
+
+def test_a_fail_is_a_fail_even_when_vllm_then_stops() -> None:
+    reports = [worker(0, 2, "FAIL"), worker(1, 2, "FAIL"), worker(0, 2, run_id="old")]
+    done = judge(reports, RUN, World(2), error="vLLM failed: EngineDeadError")
+    assert (done.verdict, done.exit_code, done.ignored) == ("FAIL", 1, 1)
+    assert "then vLLM stopped: vLLM failed: EngineDeadError" in done.reason
+    assert judge([worker(0, 2, "FAIL")], RUN, World(2)).exit_code == 1  # even with a rank missing
+
+
+def test_unknown_and_skipped_workers_are_nothing_checked() -> None:
+    assert judge([worker(verdict="UNKNOWN", steps=0)], RUN, World(1)).exit_code == 2
+    skipped = judge([worker(verdict="SKIPPED", steps=0, note="skipped: no aux states")], RUN, World(1))
+    assert skipped.exit_code == 2 and "SKIPPED (skipped: no aux states)" in skipped.reason
+
+
+def test_per_id_figures_over_ranks() -> None:
+    def entry(i: int, status: str, figure: float | None, why: str | None = None) -> dict[str, Any]:
+        return {
+            "id": i,
+            "status": status,
+            "max_rel_diff": figure,
+            "tolerance": 2e-2,
+            "reference": "r",
+            "why": why,
+        }
+
+    rank0 = worker(0, 2, per_id=[entry(2, "ok", 0.001), entry(4, "n/a", None, "no norm")])
+    rank1 = worker(1, 2, per_id=[entry(2, "FAIL", 0.9, "partial sum"), entry(4, "n/a", None, "no norm")])
+    merged = outcome.per_id([rank0, rank1])
+    assert [(row["id"], row["status"], row["max_rel_diff"]) for row in merged] == [
+        (2, "FAIL", 0.9),
+        (4, "n/a", None),
+    ]
+    assert merged[0]["ranks"] == {"0": "ok", "1": "FAIL"} and merged[0]["why"] == "partial sum"
+    assert outcome.per_id([worker()]) == []  # reports without per-id figures
+    text = command.format_reports([rank1])
+    assert "id 2: FAIL (max rel diff 0.9 vs r): partial sum" in text
+
+
+def test_the_window_covers_the_workload() -> None:
+    assert command.window_steps([16, 40], [2]) == 8  # two prefills of two prompts, two decodes each
+    assert command.window_steps([16, 64, 512, 2048], [1, 4]) == 76  # the defaults, chunks of 256
+    assert command.window_steps([1], [1]) == 3
+
+
+def test_engine_arguments_pass_through_and_status_takes_none() -> None:
+    args = cli.parse(["verify", "M", "--steps", "4", "--", "--tensor-parallel-size", "2", "--steps", "x"])
+    assert (args.model, args.steps, args.engine_args) == (
+        "M",
+        4,
+        ["--tensor-parallel-size", "2", "--steps", "x"],
+    )
+    args = cli.parse(["verify", "M", "-tp", "2", "--load-format", "dummy", "--json", "--ids", "1,2"])
+    assert args.engine_args == ["-tp", "2", "--load-format", "dummy"] and args.json and args.ids == [1, 2]
+    with pytest.raises(SystemExit) as stop:
+        cli.parse(["status", "--tensor-parallel-size", "2"])
+    assert stop.value.code == 2
+    for bad in (["verify", "M", "--ids", "1,x"], ["verify", "M", "--batch-sizes", "0"], ["verify"]):
+        with pytest.raises(SystemExit) as stop:
+            cli.parse(bad)
+        assert stop.value.code == 3, bad  # the command's own failure, not "nothing could be checked"
+
+
+def test_status_shows_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vllm_hotfix
+
+    monkeypatch.delenv("VLLM_HOTFIX_VERIFY_REPORT", raising=False)
+    monkeypatch.setenv("VLLM_HOTFIX_VERIFY", "12")
+    status = vllm_hotfix.status()
+    assert status["verify"] == {
+        "on": True,
+        "VLLM_HOTFIX_VERIFY": "12",
+        "steps": 12,
+        "report_dir": None,
+        "run_id": None,
+        "problem": None,
+    }
+    assert "verify: on, the first 12 steps that carry aux states; reports: none" in report.format_text(status)
+    monkeypatch.setenv("VLLM_HOTFIX_VERIFY", "sometimes")
+    status = vllm_hotfix.status()
+    assert status["verify"]["on"] is False and "'sometimes' is not valid" in status["verify"]["problem"]
+    text = report.format_text(status)
+    assert "verify: off" in text and "settings problem: VLLM_HOTFIX_VERIFY='sometimes' is not valid" in text
+
+
+# -- the real command, on the real vLLM ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plugin(testenv: TestEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return install_plugin(testenv, tmp_path_factory.mktemp("verify-command-plugin"))
+
+
+def _verify(testenv: TestEnv, plugin: str, work: Path, *args: str, timeout: float = 600) -> Any:
+    done = testenv.run(
+        ["-m", "vllm_hotfix", "verify", *args],
+        paths=(plugin,),
+        timeout=timeout,
+        VLLM_CACHE_ROOT=str(work / "vllm-cache"),
+    )
+    return done
+
+
+def _stale_pass(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "verify-node-1.json").write_text(json.dumps(worker(run_id="an-earlier-run")))
+
+
+@pytest.mark.vllm
+def test_bad_options_exit_3_in_one_line(testenv, plugin, tiny_checkpoint, tmp_path) -> None:
+    done = _verify(testenv, plugin, tmp_path, str(tiny_checkpoint), "--ids", "1,x")
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "argument --ids: '1,x': aux layer ids must be whole numbers" in done.stderr
+    done = _verify(testenv, plugin, tmp_path, str(tiny_checkpoint), "--json", "--", "--no-such-flag", "2")
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    found = json.loads(done.stdout)  # the whole of stdout: one JSON document, vLLM's log elsewhere
+    assert found["verdict"] == "UNKNOWN" and found["exit_code"] == 3 and found["ranks"] == []
+    assert (
+        "vLLM refused the engine arguments ['--no-such-flag', '2']: unrecognized arguments" in found["error"]
+    )
+    assert found["engine_args"] == ["--no-such-flag", "2"] and found["run_id"]
+    # a speculative config of the user's is kept: its ids are checked, so --ids is refused
+    own = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+    done = _verify(
+        testenv, plugin, tmp_path, str(tiny_checkpoint), "--ids", "1", "--", "--speculative-config", own
+    )
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--ids sets extract_hidden_states' layer ids; with your own --speculative-config" in done.stdout
+
+
+@pytest.mark.vllm
+def test_dummy_weights_say_what_they_cannot_show(testenv, plugin, tiny_checkpoint, tmp_path) -> None:
+    """--load-format dummy reaches vLLM's parser and the output says what dummy weights cannot show;
+    vLLM then refuses a tokenizer that does not exist: exit 3, a stale PASS in the directory ignored."""
+    _stale_pass(tmp_path / "reports")
+    args = [str(tiny_checkpoint), "--report-dir", str(tmp_path / "reports"), "--json", "--"]
+    done = _verify(testenv, plugin, tmp_path, *args, "--load-format", "dummy", "--tokenizer", "/no/such/dir")
+    assert done.returncode == 3, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["load_format"] == "dummy" and found["caveats"] == [command.DUMMY_CAVEAT]
+    assert "cannot show that their values are right" in command.DUMMY_CAVEAT
+    assert found["ignored_reports"] == 1 and found["ranks"] == [] and "/no/such/dir" in found["error"]
+    assert found["error"].startswith("vLLM refused the engine arguments [")
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.vllm
+def test_timeout_exits_3_with_the_reason(testenv, plugin, tiny_checkpoint, tmp_path) -> None:
+    args = [str(tiny_checkpoint), "--timeout", "2", "--", "--max-model-len", "128", "--enforce-eager"]
+    done = _verify(testenv, plugin, tmp_path, *args, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "--timeout 2 s expired while" in done.stdout and "the engine was shut down" in done.stdout
+    assert "exit 3" in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.vllm
+@pytest.mark.engine
+def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
+    testenv, plugin, tiny_checkpoint, tmp_path
+) -> None:
+    """The issue's case: a PASS report of an earlier run in --report-dir and vLLM failing while it
+    starts (here: the checkpoint's weights are missing) gave `verdict: PASS` and exit 0."""
+    model = tmp_path / "no-weights"
+    model.mkdir()
+    for path in tiny_checkpoint.glob("*.json"):
+        shutil.copy(path, model)
+    _stale_pass(tmp_path / "reports")
+    args = [
+        str(model),
+        "--report-dir",
+        str(tmp_path / "reports"),
+        "--",
+        "--max-model-len",
+        "128",
+        "--enforce-eager",
+    ]
+    done = _verify(testenv, plugin, tmp_path, *args)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    last = done.stdout.splitlines()[-1]
+    assert last.startswith("verdict: UNKNOWN (vLLM failed while starting vLLM: ") and last.endswith("exit 3")
+    assert "ignored 1 report(s) of other runs" in done.stdout and "PASS" not in last
+    assert "Traceback" not in done.stdout

@@ -1,0 +1,153 @@
+"""The verdict of one `vllm-hotfix verify` run, from the workers' JSON reports: pure, no vLLM, no torch.
+
+A run PASSes only when every worker process the engine arguments imply reported, with this run's
+id, a window that ran to its end and passed. A report of another run (a stale file in the report
+directory) never counts; a missing rank, a window cut short, an error in a rank's check or a
+failed exchange make the run UNKNOWN; a FAIL anywhere is a FAIL, even if vLLM stopped afterwards
+(the bug's own crash, strict mode). When vLLM or the command failed and no FAIL was seen, the exit
+code is 3 whatever the reports say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ERROR = 0, 1, 2, 3
+PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class World:
+    """The worker processes that must report, as the engine arguments imply: every tensor rank of
+    the last pipeline stage (of each data-parallel engine). vLLM's model runner returns the other
+    stages' intermediate tensors before any aux state exists (`if not get_pp_group().is_last_rank:
+    return hidden_states`, and the drafter lives on the last stage only), so they check nothing."""
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+
+    @property
+    def processes(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "tensor_parallel": self.tensor_parallel,
+            "pipeline_parallel": self.pipeline_parallel,
+            "data_parallel": self.data_parallel,
+            "processes": self.processes,
+        }
+
+
+@dataclass
+class Outcome:
+    verdict: str
+    exit_code: int
+    reason: str  # one line: why this verdict
+    reports: list[dict[str, Any]]  # this run's reports, by rank
+    ignored: int  # reports of other runs (stale files) left out
+    problems: list[str] = field(default_factory=list)  # what keeps a PASS from being one
+    error: str | None = None  # vLLM's or the command's error, one line
+
+
+def _rank_name(report: dict[str, Any]) -> str:
+    return f"rank {report.get('rank')} (pid {report.get('pid')})"
+
+
+def _problems_of(report: dict[str, Any]) -> list[str]:
+    """What in one PASS-or-not report keeps the run from passing (empty: it passed in full)."""
+    name = _rank_name(report)
+    found = []
+    if report.get("verdict") != PASS:
+        note = report.get("note")
+        found.append(f"{name}: {report.get('verdict')}" + (f" ({note})" if note else ""))
+    elif report.get("steps", 0) < report.get("steps_wanted", 0):
+        found.append(
+            f"{name}: the window was cut short, {report.get('steps')} of {report.get('steps_wanted')}"
+            " steps checked"
+        )
+    for error in report.get("errors") or []:
+        found.append(
+            f"{name}: the check raised on rank {error.get('rank')} at {error.get('stage')}:"
+            f" {error.get('message')}"
+        )
+    exchange = report.get("exchange")
+    if isinstance(exchange, dict) and exchange.get("ok") is False:
+        found.append(f"{name}: the exchange between ranks failed: {exchange.get('note')}")
+    return found
+
+
+def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None) -> Outcome:
+    """The run's verdict and exit code, from every report found (any run) and vLLM's error, if any."""
+    ours = sorted(
+        (r for r in reports if r.get("run_id") == run_id),
+        key=lambda r: (r.get("rank") is None, r.get("rank") or 0, str(r.get("host")), r.get("pid") or 0),
+    )
+    ignored = len(reports) - len(ours)
+    failed = [r for r in ours if r.get("verdict") == FAIL]
+    if failed:
+        ranks = ", ".join(_rank_name(r) for r in failed)
+        reason = f"a check failed on {ranks}" + (f"; then vLLM stopped: {error}" if error else "")
+        return Outcome(FAIL, EXIT_FAIL, reason, ours, ignored, error=error)
+    problems = []
+    processes = {(r.get("host"), r.get("pid")) for r in ours}
+    if len(processes) < world.processes:
+        problems.append(
+            f"{len(processes)} of the {world.processes} worker process(es) that"
+            f" {world.tensor_parallel} tensor x {world.data_parallel} data parallel imply (the last"
+            f" of {world.pipeline_parallel} pipeline stage(s)) reported"
+        )
+    seen = {r.get("rank") for r in ours}
+    missing = [rank for rank in range(world.tensor_parallel) if rank not in seen]
+    if ours and missing:
+        problems.append(f"no report from tensor-parallel rank(s) {missing}")
+    for report in ours:
+        if report.get("world") not in (None, world.tensor_parallel):
+            problems.append(
+                f"{_rank_name(report)}: a tensor-parallel group of {report.get('world')},"
+                f" not {world.tensor_parallel}"
+            )
+        problems += _problems_of(report)
+    if error is not None:
+        return Outcome(UNKNOWN, EXIT_ERROR, error, ours, ignored, problems, error)
+    if not ours:
+        reason = "no worker reported a check for this run" + (
+            f" ({ignored} report(s) of other runs ignored)" if ignored else ""
+        )
+        return Outcome(UNKNOWN, EXIT_UNKNOWN, reason, ours, ignored, problems)
+    if problems:
+        return Outcome(UNKNOWN, EXIT_UNKNOWN, problems[0], ours, ignored, problems)
+    reason = f"every one of the {world.processes} worker process(es) checked its whole window and passed"
+    return Outcome(PASS, EXIT_PASS, reason, ours, ignored, problems)
+
+
+def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per requested id over every rank: the worst status and the largest figure (empty when the
+    workers' reports carry no per-id figures)."""
+    order = {FAIL: 2, "n/a": 1, "ok": 0}
+    merged: dict[int, dict[str, Any]] = {}
+    for report in reports:
+        for entry in report.get("per_id") or []:
+            key = entry.get("id")
+            row = merged.setdefault(
+                key,
+                {
+                    "id": key,
+                    "status": "ok",
+                    "max_rel_diff": None,
+                    "tolerance": entry.get("tolerance"),
+                    "reference": entry.get("reference"),
+                    "why": None,
+                    "ranks": {},
+                },
+            )
+            status = entry.get("status", "n/a")
+            row["ranks"][str(report.get("rank"))] = status
+            if order.get(status, 1) > order.get(row["status"], 1):
+                row["status"], row["why"] = status, entry.get("why")
+            figure = entry.get("max_rel_diff")
+            if figure is not None and (row["max_rel_diff"] is None or figure > row["max_rel_diff"]):
+                row["max_rel_diff"] = figure
+    return list(merged.values())
