@@ -71,17 +71,22 @@ class StepCheck:
     tolerance: float
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
     final_error: str | None = None  # why this rank could not apply the final norm
+    per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
 
     @property
     def ranks_agree(self) -> bool:
         return self.ranks_rel_diff <= self.tolerance
 
     @property
+    def ids_ok(self) -> bool:
+        return all(entry["status"] != "FAIL" for entry in self.per_id)
+
+    @property
     def ok(self) -> bool:
-        return not self.failed_ranks and self.ranks_agree
+        return not self.failed_ranks and self.ranks_agree and self.ids_ok
 
 
-def _rel_rows(a: Any, b: Any) -> Any:
+def rel_rows(a: Any, b: Any) -> Any:
     """Per row: |a - b| / |b| (rows of float32), 0 where both are 0."""
     import torch
 
@@ -104,12 +109,18 @@ def check_step(
     group: Any,
     final_index: int | None = None,
     final_norm: FinalNorm | None = None,
+    taps: Any = None,
+    final_id: int | None = None,
 ) -> StepCheck:
     """Check one step. `aux`: what the model returned as aux states; `ids`: the requested layer ids;
     `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
     None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
-    to observe it (the model's output must equal the final norm of that state)."""
+    to observe it (the model's output must equal the final norm of that state); `taps`: the model's
+    taps (taps.py) when it has them, each id then compared with what its layer received
+    (reference.py); `final_id`: the model's final layer id, for the per-id report."""
     import torch
+
+    from vllm_hotfix.verify import reference
 
     states = list(aux) if isinstance(aux, (list, tuple)) else []
     wanted = len(ids)
@@ -140,19 +151,22 @@ def check_step(
     if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
         try:  # never raise before the exchange: the other ranks would wait in it
             expected = final_norm(states[final_index][:tokens]).float()
-            final = _rel_rows(expected, hidden_states[:tokens].float()).max()
+            final = rel_rows(expected, hidden_states[:tokens].float()).max()
         except Exception as error:
             final = torch.tensor(-1.0, device=device)  # not checked
             final_error = f"the final norm could not be applied: {type(error).__name__}: {error}"
     flags = torch.stack([torch.tensor(float(count_ok), device=device), finite.float(), final])
-    payload = torch.cat([flags, prints.flatten()])[None]
+    tap_blocks = reference.blocks(taps, ids, tokens, device)
+    payload = torch.cat([flags, prints.flatten(), tap_blocks])[None]
     world = 1 if group is None else group.world_size
     gathered = payload if world == 1 else group.all_gather(payload, dim=0)
     gathered = gathered.cpu()  # the one device sync of the step
-    rank_flags, rank_prints = gathered[:, :3], gathered[:, 3:].reshape(world, wanted, tokens, K)
+    end = 3 + wanted * tokens * K
+    rank_flags, rank_prints = gathered[:, :3], gathered[:, 3:end].reshape(world, wanted, tokens, K)
+    rank_blocks = gathered[:, end:].reshape(world, wanted, reference.block_size(tokens))
     worst, worst_id = 0.0, None
     for r in range(1, world):
-        rel = _rel_rows(rank_prints[r], rank_prints[0])  # [ids, tokens]; NaN where a state was missing
+        rel = rel_rows(rank_prints[r], rank_prints[0])  # [ids, tokens]; NaN where a state was missing
         rel = torch.where(torch.isnan(rel), torch.zeros_like(rel), rel)
         if rel.numel():
             value, index = rel.max(dim=1).values.max(dim=0)
@@ -165,6 +179,7 @@ def check_step(
         for r in range(world)
         if rank_flags[r, 0] < 1 or rank_flags[r, 1] < 1 or _final_fails(float(rank_flags[r, 2]), limit)
     ]
+    per_id = reference.judge(ids, tokens, rank_prints, rank_blocks, limit, taps, final_id)
     return StepCheck(
         tokens=tokens,
         count_ok=count_ok,
@@ -177,4 +192,5 @@ def check_step(
         tolerance=limit,
         failed_ranks=failed,
         final_error=final_error,
+        per_id=per_id,
     )
