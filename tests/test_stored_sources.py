@@ -119,3 +119,54 @@ def test_the_stored_sources_are_what_pypi_has_now(pypi_indexes) -> None:
     committed_index, committed_files = script.stored(str(SOURCES))
     assert committed_index == script.render_index(fresh_index), f"{INDEX} is out of date: run {REFRESH}"
     assert committed_files == fresh_files, f"{SOURCES} is out of date: run {REFRESH}"
+
+
+def _patched_sources(fix_id: str) -> list[tuple[Case, str]]:
+    """(case, generated text) for each distinct published source the fix patches."""
+    (fix,) = [fix for fix in ALL_FIXES if fix.fix_id == fix_id]
+    buggy: dict[str, Case] = {}
+    for case in cases(fix):
+        if case.function is not None and verdict(fix, case)[0] is Decision.PATCHED:
+            buggy.setdefault(case.function, case)
+    return [(case, fix.transform_source(function)) for function, case in buggy.items()]
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_deepseek_v32_id_0_is_a_copy_and_the_zero_collective_state_too(vendor: str) -> None:
+    """Id 0 (captured while `residual` is None) is `hidden_states.clone()` in every generated forward,
+    never the embedding tensor layer 0 keeps as its residual (stock's alias) and never a sum with
+    None (stock's TypeError); where the loop runs the layer's fused input norm, its state is a copy."""
+    import ast
+
+    found = _patched_sources(f"deepseek-v32-final-aux-{vendor}")
+    assert found
+    for case, generated in found:
+        tree = ast.parse(generated)
+        entries = [
+            ast.unparse(n.body)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.IfExp) and ast.unparse(n.test) == "residual is None"
+        ]
+        assert entries and set(entries) <= {"hidden_states.clone()", "hidden_states"}, case.where
+        assert "hidden_states.clone() if residual is None else" in generated, case.where
+        unguarded = [
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.If) and ast.unparse(n.test) == "idx in self.aux_hidden_state_layers"
+        ]
+        assert all("hidden_states.clone() if residual is None" in ast.unparse(n) for n in unguarded)
+        if "layer(positions, hidden_states, residual, attn_in)" in case.function:
+            assert "aux_hidden_states.append(hidden_states.clone())" in generated, case.where
+
+
+def test_minimax_m3_id_0_is_a_copy_where_stock_does_not_copy_it() -> None:
+    """0.24.0-0.31.0 capture id 0 before the loop (the embedding tensor itself): the generated
+    forward follows it with the copy vLLM 0.32.0 makes itself; 0.32.0+ keep vLLM's own copy."""
+    copy = "if aux_hidden_states:\n        aux_hidden_states[0] = aux_hidden_states[0].clone()"
+    found = _patched_sources("minimax-m3-aux-nvidia")
+    assert found
+    for case, generated in found:
+        assert generated.count("aux_hidden_states[0] = aux_hidden_states[0].clone()") == 1, case.where
+        entry = "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual)\n"
+        if entry in case.function:
+            assert entry + "    " + copy in generated, case.where

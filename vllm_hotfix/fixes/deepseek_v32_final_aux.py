@@ -23,6 +23,13 @@ The fix, derived from the installed source:
   TP > 1 (not sequence-parallel, not the first layer) runs the layer's own fused input norm in the
   loop, keeps a copy of its residual output as the state and passes (that sum, None, attn_in=normed)
   to the layer, which then makes no norm call of its own: no collective added, the same values.
+- Id 0 (the embeddings, captured before layer 0 while `residual` is None) becomes a copy:
+  `hidden_states.clone() if residual is None else <the sum>`, inside the capture's membership test,
+  so the copy is made only when id 0 is requested. Stock (nvidia 0.28+) appends the embedding tensor
+  itself, which layer 0 then keeps as its `residual`; vLLM's CUDA norms add into `residual` in place,
+  so id 0 ends up holding a later layer's stream. Where stock has no `residual is None` branch
+  (nvidia 0.25-0.27, amd) it raises TypeError for id 0; patched, id 0 is the embeddings, as vLLM
+  0.28+ defines it.
 - The final layer's state is the final fused norm's second output (`hidden_states, final_state =
   fused_allreduce_rms_norm(...)`), appended after it: no collective. On the sequence-parallel branch
   (already reduced there) the loop's capture block, for `self.end_layer`, is inserted before the
@@ -76,6 +83,8 @@ SEQUENCE_PARALLEL = {
 REDUCE = "tensor_model_parallel_all_reduce"
 WORLD_SIZE = "get_tensor_model_parallel_world_size"
 REDUCED_TEMPLATE = f"({REDUCE}(hidden_states.clone()) if {{condition}} else hidden_states)"
+ENTRY_TEST = "residual is None"  # before layer 0 (first pipeline rank): the capture is id 0
+ENTRY_COPY = "hidden_states.clone()"  # id 0: the embeddings, never the tensor layer 0 keeps as residual
 
 
 def reduced_expression(sequence_parallel: str | None) -> str:
@@ -280,6 +289,41 @@ def _calls_layer(stmt: ast.stmt) -> bool:
     )
 
 
+def entry_form(capture: ast.If) -> str:
+    """How stock's capture treats id 0: 'alias' (`hidden_states if residual is None else ...`:
+    the embedding tensor itself) or 'raises' (`hidden_states + residual` with residual None)."""
+    guarded = any(
+        isinstance(n, ast.IfExp) and same_code(n.test, ENTRY_TEST) and same_code(n.body, "hidden_states")
+        for n in ast.walk(capture)
+    )
+    return "alias" if guarded else "raises"
+
+
+ENTRY_REASON = {
+    "alias": "id 0 (the embeddings) captured as a copy (stock's is the tensor layer 0 keeps as residual,"
+    " which vLLM's in-place CUDA norms overwrite)",
+    "raises": "id 0 captured as the embeddings (a copy; stock raises TypeError: residual is None there)",
+}
+
+
+class _EntryCopy(ast.NodeTransformer):
+    """Id 0 as a copy of the embedding stream: the `residual is None` branch's `hidden_states`
+    becomes `hidden_states.clone()`; an unguarded `hidden_states + residual` gains that branch."""
+
+    def visit_IfExp(self, node: ast.IfExp) -> ast.IfExp:
+        if same_code(node.test, ENTRY_TEST) and same_code(node.body, "hidden_states"):
+            node.body = ast.parse(ENTRY_COPY, mode="eval").body
+            return node  # its `else` is the sum of a later layer: left as it is
+        self.generic_visit(node)
+        return node
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+        if same_code(node, LAYER_INPUT):
+            return ast.parse(f"{ENTRY_COPY} if {ENTRY_TEST} else {LAYER_INPUT}", mode="eval").body
+        self.generic_visit(node)
+        return node
+
+
 class _ReduceSums(ast.NodeTransformer):
     """Replace the left operand of every `hidden_states + residual` with the reduced expression."""
 
@@ -352,10 +396,12 @@ class DeepseekV32FinalAux(Fix):
             if pre_normed
             else "one all-reduce per requested inner layer (the layer takes no pre-normed input)"
         )
+        assert shape.capture is not None
         return Probe(
             Decision.PATCHED,
             "forward captures per-rank partial sums under tensor parallelism and never the final"
-            f" layer's output ({where}); fixed: {form}, the final state from the final fused norm",
+            f" layer's output ({where}); fixed: {form}, the final state from the final fused norm,"
+            f" {ENTRY_REASON[entry_form(shape.capture)]}",
         )
 
     def transform_source(self, source: str) -> str:
@@ -381,8 +427,9 @@ class DeepseekV32FinalAux(Fix):
             at = shape.norm.lineno - 1
             lines[at:at] = [textwrap.indent(ast.unparse(final) + "\n", " " * shape.norm.col_offset)]
 
-        # The loop's capture: reduced where the next norm reduces; free where the layer is pre-normed.
-        capture = _ReduceSums(reduced).visit(copy.deepcopy(shape.capture))
+        # The loop's capture: id 0 a copy; reduced where the next norm reduces; free where the layer
+        # is pre-normed.
+        capture = _ReduceSums(reduced).visit(_EntryCopy().visit(copy.deepcopy(shape.capture)))
         if _loop_calls(function, PRE_NORMED_CALL):
             capture = zero_collective_capture(capture)
         block = textwrap.indent(ast.unparse(capture) + "\n", " " * shape.capture.col_offset)

@@ -26,6 +26,13 @@ exactly where vLLM's next norm reduces, and nothing else:
 - 0.25.0+: the final layer's state (id `self.end_layer`) is no longer captured in the loop when
   `self.fuse_final_norm_allreduce`; it is the second output of the final fused norm (the
   all-reduced pre-norm sum vLLM computes anyway): no added collective.
+- Id 0 (the embeddings, captured before the loop, 0.24.0-0.31.0: `aux_hidden_states =
+  self._maybe_add_hidden_state([], 0, hidden_states, residual)`) is the embedding tensor itself,
+  which layer 0 keeps as its `residual`; the Gemma norms (flashinfer's `gemma_fused_add_rmsnorm`) add
+  into `residual` in place, so id 0 ends up holding a later layer's stream. The fix follows that
+  statement with the copy vLLM 0.32.0 added itself (`if aux_hidden_states: aux_hidden_states[0] =
+  aux_hidden_states[0].clone()`): made only when id 0 is requested (else the list is empty). Where
+  stock makes that copy (0.32.0+), id 0 is left as it is.
 Where vLLM already reduced (pipeline parallelism > 1: `reduce_results=True`, nothing deferred) both
 conditions are False and the states are stock's. The model's output is never touched.
 """
@@ -51,6 +58,13 @@ ADD_STATE = "self._maybe_add_hidden_state"
 # The decoder layer's fused input norm (read in the module's source): the next norm that reduces.
 FUSED_INPUT = "self.fuse_input_allreduce and residual is not None"
 FINAL_STATE = "final_state"  # the final fused norm's second output, kept instead of `_`
+# Id 0, captured before the loop (0.24.0-0.31.0), and the copy vLLM 0.32.0 makes of it itself.
+ENTRY = "aux_hidden_states = self._maybe_add_hidden_state([], 0, hidden_states, residual)"
+ENTRY_COPY = "if aux_hidden_states:\n    aux_hidden_states[0] = aux_hidden_states[0].clone()"
+ENTRY_REASON = (
+    "; id 0 (the embeddings) captured as a copy (stock's is the tensor layer 0 keeps as residual, which"
+    " the in-place Gemma norms overwrite)"
+)
 FIRST_AFFECTED = "0.24.0"
 LAST_CHECKED = "0.33.0"
 
@@ -104,6 +118,13 @@ class Shape:
         self.kind: str | None = None
         self.capture: ast.Expr | None = None
         self.norm: ast.stmt | None = None
+        # id 0's capture, where no copy of it follows (vLLM 0.32.0+ copies it itself)
+        entries = [i for i, s in enumerate(body) if same_code(s, ENTRY)]
+        self.entry: ast.stmt | None = None
+        if len(entries) == 1 and not (
+            entries[0] + 1 < len(body) and same_code(body[entries[0] + 1], ENTRY_COPY)
+        ):
+            self.entry = body[entries[0]]
         loop_at = norm_at = None
         for i, stmt in enumerate(body):
             if not isinstance(stmt, ast.For):
@@ -200,10 +221,11 @@ class MiniMaxM3Aux(Fix):
             if shape.kind == "fused-final"
             else " (vLLM 0.24.0: the final norm does not reduce)"
         )
+        entry = ENTRY_REASON if shape.entry is not None else ""
         return Probe(
             Decision.PATCHED,
             "forward captures per-rank partial sums where the next norm completes a deferred FFN"
-            f" all-reduce (TP > 1, PP = 1); fixed: one all-reduce per requested layer{final}",
+            f" all-reduce (TP > 1, PP = 1); fixed: one all-reduce per requested layer{final}{entry}",
         )
 
     def transform_source(self, source: str) -> str:
@@ -229,6 +251,10 @@ class MiniMaxM3Aux(Fix):
         else:
             block = f"{pad}{call}\n"
         lines[capture.lineno - 1 : capture.end_lineno] = [block]
+        if shape.entry is not None:  # above the loop: its lines are still where they were
+            pad = " " * shape.entry.col_offset
+            entry_copy = textwrap.indent(ENTRY_COPY + "\n", pad)
+            lines[shape.entry.end_lineno : shape.entry.end_lineno] = [entry_copy]  # type: ignore[misc]
         return "".join(lines)
 
     def bindings(self, module: ModuleType) -> dict[str, Any]:
