@@ -41,6 +41,7 @@ VARIANTS = ["1,2,3", "1,4", "4", "2,4", "1,2,3,4", ""]
 TOLERANCE = 1e-5
 RELEASES = [BUG, NEWEST]
 GRAPH_VARIANTS = ["", "1,2", "1,4"]  # traced by Dynamo (fullgraph) on the newest release
+VERIFY_VARIANTS = ["1,2,3,4", "0,1,4"]  # checked by the in-worker check's check_step, with its taps
 # vLLM 0.24.0's final norm does not reduce (no fuse_final_norm_allreduce): the final id is what that
 # norm reads, stock's value. With this all-dense model vLLM 0.24.0's own output is then a per-rank
 # partial at TP=2 (off by ~1.4, stock and patched alike: upstream's, not repaired here); MiniMax-M3's
@@ -61,6 +62,7 @@ def m3_runs(testenv, tmp_path_factory) -> dict[tuple[str, int], list[dict[str, A
         out = tmp_path_factory.mktemp(f"m3-{version}-tp{world}")
         args = [testenv.script("minimax_m3_states"), "--world", str(world), "--layers", str(LAYERS)]
         args += ["--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+        args += ["--verify-variants", ";".join(VERIFY_VARIANTS)]
         if version == NEWEST:
             args += ["--graph-variants", ";".join(GRAPH_VARIANTS)]
         result = testenv.run(args, version=version, hotfix=True, timeout=600)
@@ -207,3 +209,34 @@ def test_the_patched_forward_traces_in_one_graph_with_only_the_captures_ops(m3_r
                 for ops in COLLECTIVE_OPS.values()
             ]
             assert diff in allowed, (world, variant, diff)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_check_compares_every_id_with_what_its_layer_received(m3_runs, version: str, world: int) -> None:
+    """The in-worker check (vllm_hotfix/verify/checks.py with its taps, taps.py) on MiniMaxM3Model:
+    at TP=2 every inner id of stock FAILs against the reduced stream (MiniMax defers each layer's
+    reduce into the next norm), patched is ok, final id included, checked through the tap of the
+    final norm's input (its Gemma norm has no forward_native). vLLM 0.24.0's final norm does not
+    reduce (REDUCED_FINAL): the final id, stock's value in both, is then a per-rank partial, which
+    the check FAILs too (the model's own output is partial there: upstream's). At TP=1 all ok."""
+    for rank in m3_runs[(version, world)]:
+        for entry in rank["verified"]:
+            statuses = {e["id"]: e["status"] for e in entry["per_id"]}
+            assert list(statuses) == entry["ids"], entry["per_id"]
+            if world == 1:
+                assert set(statuses.values()) == {"ok"}, (entry["label"], entry["per_id"])
+                continue
+            final_bad = not REDUCED_FINAL[version]
+            expected = {
+                i: "ok"
+                if i == 0 or (entry["label"] == "patched" and (i < LAYERS or not final_bad))
+                else "FAIL"
+                for i in entry["ids"]
+            }
+            assert statuses == expected, (entry["label"], entry["per_id"])
+            for e in entry["per_id"]:
+                if e["id"] > 0:
+                    assert "(reduced: the sum of 2 ranks' partial hidden_states" in e["reference"], e
+                if e["status"] == "FAIL":
+                    assert e["max_rel_diff"] > 0.1, e
