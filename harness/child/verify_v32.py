@@ -12,7 +12,11 @@ list (which must hold the final id), faults are planted by this script, each che
 every state scaled by 1.5, each inner id taken after a norm (the final norm's eager forward), off
 by one layer (id k given the state of id k+1), all-zero inner states, id 1 aliased to the final
 state, the final state taken after the final norm (the model's output), and stale states (the
-previous step's, on other tokens). Each rank saves its results to OUT/rank<N>.json.
+previous step's, on other tokens). With --gpu-norms T every forward runs under the GPU-only norm
+paths emulated (harness/child/gpu_norms.py: vLLM's in-place fused add-RMSNorm first in its op
+priority; at TP>1 flashinfer's fused all-reduce + norm stand-in for steps of at most T tokens), and
+no faults are planted: there the aliasing defects are vLLM's own. Each rank saves its results to
+OUT/rank<N>.json.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     from vllm_hotfix.verify.seam import _final_norm_note
 
     module = v32_states.model_module_with_stand_in(args.vendor)
+    if args.gpu_norms is not None:
+        import gpu_norms  # this script's directory is on sys.path
+
+        gpu_norms.install(args.gpu_norms)  # after the model module's import, as it requires
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
     results = []
@@ -92,6 +100,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 for label, function in (("stock", stock), ("patched", forward)):
                     hidden, aux = run(function, ids_tensor)
                     check(label, ids, hidden, aux)
+        with torch.no_grad():
             # planted faults on the patched states of the last id list (ids ends with the final id);
             # each on a fresh forward, so that its taps ran in the step checked
             planted = {
@@ -102,12 +111,13 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 "alias-final": lambda hidden, aux: [aux[-1], *aux[1:]],
                 "final-after-norm": lambda hidden, aux: [*aux[:-1], hidden.clone()],
             }
-            for name, plant in planted.items():
+            for name, plant in planted.items() if args.gpu_norms is None else ():
                 hidden, aux = run(forward, ids_tensor)
                 check(f"planted-{name}", ids, hidden, plant(hidden, aux))
-            earlier = run(forward, ids_tensor.flip(0))[1]  # the previous step's states, other tokens
-            hidden, aux = run(forward, ids_tensor)
-            check("planted-stale", ids, hidden, earlier)
+            if args.gpu_norms is None:
+                earlier = run(forward, ids_tensor.flip(0))[1]  # the previous step's states, other tokens
+                hidden, aux = run(forward, ids_tensor)
+                check("planted-stale", ids, hidden, earlier)
     record = rank_record(
         rank, world, final_note=final_note, patched=hasattr(forward, "__vllm_hotfix__"), results=results
     )
@@ -122,6 +132,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--variants", default="1,2,3;1,2,3,4")
+    parser.add_argument(
+        "--gpu-norms", type=int, default=None, help="emulate the GPU-only norm paths (fused up to T tokens)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     from tp_ranks import run_ranks
