@@ -5,7 +5,11 @@ passes every check, final id included. The same `check_step`, final-norm probe a
 compared with the stream its decoder layer received, reduced over the ranks' partial
 `hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1), and faults planted in the
 patched states of a real forward (scaled, after a norm, off by one layer, zero, aliased to the
-final state, the final state after the norm, a previous step's) each fail the per-id check."""
+final state, the final state after the norm, a previous step's) each fail the per-id check. On the
+newest release, under the GPU-only norm paths emulated on CPU (harness/child/gpu_norms.py: vLLM's
+CUDA fused add-RMSNorm works in place), stock's id 0 aliases the residual that layer 0's norms then
+overwrite: the check FAILs it, and passes it in the functional run and in the patched forward
+(which captures id 0 as a copy)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import FIXED
+from harness.testenv import FIXED, NEWEST
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("v32-states")]
 
@@ -99,3 +103,28 @@ def test_a_planted_fault_fails_its_ids_and_only_those(ranks, fault) -> None:
         assert failed == PLANTED[fault], entry["per_id"]
         assert set(_statuses(entry).values()) <= {"ok", "FAIL"}, entry["per_id"]
         assert entry["ranks_agree"] and not entry["ok"], entry
+
+
+@pytest.fixture(scope="module")
+def gpu_norm_ranks(testenv, tmp_path_factory) -> list[dict[str, Any]]:
+    """TP=2 on the newest release, ids 0..4, each forward also under the GPU norm emulation (the
+    fused all-reduce + norm up to 6 tokens: the 12-token prompt takes vLLM's fallback, all-reduce
+    then the in-place norm, as GPUs do above their workspace budget)."""
+    out = tmp_path_factory.mktemp("verify-v32-gpu-norms")
+    args = [testenv.script("verify_v32"), "--world", "2", "--variants", "0,1,2,3,4", "--gpu-norms", "6"]
+    done = testenv.run([*args, "--out", str(out)], version=NEWEST, hotfix=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_the_id0_alias_under_in_place_norms_fails_and_the_patched_copy_passes(gpu_norm_ranks) -> None:
+    ids = [0, 1, 2, 3, 4]
+    for rank in gpu_norm_ranks:
+        assert rank["vllm"] == NEWEST and rank["patched"]
+        assert _statuses(_entry(rank, "stock", ids))[0] == "ok"  # functional norms: no alias
+        aliased = _entry(rank, "stock-gpu-norms", ids)["per_id"][0]
+        assert aliased["status"] == "FAIL" and aliased["max_rel_diff"] > 0.1, aliased
+        assert aliased["reference"] == "the embeddings entering layer 0"
+        for label in ("patched", "patched-gpu-norms"):
+            patched = _entry(rank, label, ids)
+            assert set(_statuses(patched).values()) == {"ok"}, (label, patched["per_id"])

@@ -12,10 +12,11 @@ list (which must hold the final id), faults are planted by this script, each che
 every state scaled by 1.5, each inner id taken after a norm (the final norm's eager forward), off
 by one layer (id k given the state of id k+1), all-zero inner states, id 1 aliased to the final
 state, the final state taken after the final norm (the model's output), and stale states (the
-previous step's, on other tokens). With --gpu-norms T every forward runs under the GPU-only norm
-paths emulated (harness/child/gpu_norms.py: vLLM's in-place fused add-RMSNorm first in its op
-priority; at TP>1 flashinfer's fused all-reduce + norm stand-in for steps of at most T tokens), and
-no faults are planted: there the aliasing defects are vLLM's own. Each rank saves its results to
+previous step's, on other tokens). With --gpu-norms T each forward also runs (labels
+`<label>-gpu-norms`) under the GPU-only norm paths emulated (harness/child/gpu_norms.py: vLLM's
+in-place fused add-RMSNorm first in its op priority; at TP>1 flashinfer's fused all-reduce + norm
+stand-in for steps of at most T tokens), and no faults are planted: there the aliasing defects are
+vLLM's own. Each rank saves its results to
 OUT/rank<N>.json.
 """
 
@@ -43,10 +44,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     from vllm_hotfix.verify.seam import _final_norm_note
 
     module = v32_states.model_module_with_stand_in(args.vendor)
-    if args.gpu_norms is not None:
-        import gpu_norms  # this script's directory is on sys.path
-
-        gpu_norms.install(args.gpu_norms)  # after the model module's import, as it requires
     dtype = getattr(torch, args.dtype)
     torch.set_default_dtype(dtype)
     results = []
@@ -100,6 +97,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 for label, function in (("stock", stock), ("patched", forward)):
                     hidden, aux = run(function, ids_tensor)
                     check(label, ids, hidden, aux)
+                    if args.gpu_norms is not None:
+                        import gpu_norms  # this script's directory is on sys.path
+
+                        with gpu_norms.emulated(args.gpu_norms):
+                            hidden, aux = run(function, ids_tensor)
+                        check(f"{label}-gpu-norms", ids, hidden, aux)
         with torch.no_grad():
             # planted faults on the patched states of the last id list (ids ends with the final id);
             # each on a fresh forward, so that its taps ran in the step checked
