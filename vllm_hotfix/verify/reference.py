@@ -1,9 +1,10 @@
 """Per id: the captured state against what the model's layer actually received (taps.py), judged.
 
-Each rank puts into the step's one exchange, per requested id, a block of `block_size(tokens)`
-floats: [calls since the last check, rows the tap saw, fingerprint of the layer's `hidden_states`
-(tokens x K), fingerprint of its `residual` (tokens x K)]. After the exchange every rank judges
-every rank's states the same way:
+Each rank puts into the step's one exchange, per requested id, a block of `block_size(capacity)`
+floats (capacity: the rows the exchange's body holds per id, at least the checked tokens):
+[calls since the last check, rows the tap saw, fingerprint of the layer's `hidden_states`
+(capacity x K), fingerprint of its `residual` (capacity x K)], NaN beyond the checked tokens.
+After the exchange every rank judges every rank's states the same way:
 
 - the layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ by
   more than the tolerance (a replicated tensor is bit-identical on the ranks of a correct group;
@@ -25,27 +26,29 @@ from vllm_hotfix.verify.checks import K, rel_rows
 HEAD = 2  # calls, rows
 
 
-def block_size(tokens: int) -> int:
-    return HEAD + 2 * tokens * K
+def block_size(capacity: int) -> int:
+    return HEAD + 2 * capacity * K
 
 
-def blocks(taps: Any, ids: Sequence[int], tokens: int, device: Any) -> Any:
-    """This rank's per-id blocks, flattened ([len(ids) * block_size(tokens)] float32, on `device`);
-    NaN blocks where there is no tap. Marks the taps' calls as seen."""
+def blocks(taps: Any, ids: Sequence[int], tokens: int, device: Any, capacity: int | None = None) -> Any:
+    """This rank's per-id blocks for its first `tokens` tokens, flattened ([len(ids) *
+    block_size(capacity)] float32, on `device`); NaN blocks where there is no tap. Marks the taps'
+    calls as seen."""
     import torch
 
-    out = torch.full((len(ids), block_size(tokens)), float("nan"), dtype=torch.float32, device=device)
+    capacity = tokens if capacity is None else capacity
+    out = torch.full((len(ids), block_size(capacity)), float("nan"), dtype=torch.float32, device=device)
     if taps is None:
         return out.flatten()
     calls = taps.meta[:, 0] - taps.seen
-    rows = min(tokens, taps.max_tokens)
+    rows = min(tokens, capacity, taps.max_tokens)
     for i, layer_id in enumerate(ids):
         site = taps.site(layer_id)
         if site is None:
             continue
         out[i, 0] = calls[site].float()
         out[i, 1] = taps.meta[site, 1].float()
-        prints = out[i, HEAD:].view(2, tokens, K)
+        prints = out[i, HEAD:].view(2, capacity, K)
         prints[0, :rows] = taps.fp_hidden[site, :rows]
         prints[1, :rows] = taps.fp_residual[site, :rows]
     taps.seen.copy_(taps.meta[:, 0])
@@ -72,12 +75,15 @@ def judge(
     tolerance: float,
     taps: Any,
     final_id: int | None,
+    capacity: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints;
-    `tap_blocks`: [world, ids, block_size(tokens)], both from the exchange (CPU)."""
+    """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints
+    of the checked tokens; `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
+    (CPU)."""
     import torch
 
     world = prints.shape[0]
+    capacity = tokens if capacity is None else capacity
     entries = []
     for i, layer_id in enumerate(ids):
         entry: dict[str, Any] = {
@@ -94,7 +100,7 @@ def judge(
         if why is not None:
             entry["why"] = why
             continue
-        body = tap_blocks[:, i, HEAD:].reshape(world, 2, tokens, K)
+        body = tap_blocks[:, i, HEAD:].reshape(world, 2, capacity, K)[:, :, :tokens]
         hidden, residual = body[:, 0], body[:, 1]
         partial = False
         if world > 1:
