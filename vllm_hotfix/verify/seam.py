@@ -139,6 +139,11 @@ def _final_norm_note(inner: Any) -> tuple[Any, str]:
     fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
     if not (direct or fused):
         return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
+    # the final id is the norm's input sum only where the norm is given (hidden_states, residual):
+    # DeepSeek-V4 ends with self.norm(hidden_states) after its hyper-connection head, and its final
+    # aux is a mean over the streams by definition, not what that norm reads
+    if len(call.args) < (2 if direct else 3):
+        return None, f"{name}'s final norm takes no residual: its final id is not the norm's input sum"
 
     def final_norm(state: Any) -> Any:
         out = native(state.clone())
