@@ -8,10 +8,12 @@ load average it ran under). harness/tables.py makes the table from those files a
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -24,6 +26,44 @@ RESULTS_DIR = REPO / "benchmarks" / "results"
 
 # The table's order, and the command that measures each benchmark (scripts/bench.sh NAME).
 BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost", "verify_cost")
+
+# The files whose code a benchmark measures (repository paths): each result records their digests,
+# and tests/test_bench_table.py fails when one changed after the result was measured (re-run it).
+SOURCES: dict[str, tuple[str, ...]] = {
+    "startup": (
+        "vllm_hotfix/__init__.py",
+        "vllm_hotfix/_arming.py",
+        "vllm_hotfix/_version.py",
+        "vllm_hotfix/containment.py",
+        "vllm_hotfix/site_hook.py",
+        "benchmarks/startup.py",
+    ),
+}
+
+
+def digests(paths: Sequence[str], repo: Path = REPO) -> dict[str, str]:
+    """Each file's sha256 (first 16 hex digits): what a result's figures were measured on."""
+    return {path: hashlib.sha256((repo / path).read_bytes()).hexdigest()[:16] for path in paths}
+
+
+def stale_sources(result: dict[str, object], repo: Path = REPO) -> list[str]:
+    """The measured files that changed since the result was written (none for a result that
+    records no sources)."""
+    recorded = result.get("sources") or {}
+    assert isinstance(recorded, dict)
+    now = digests(list(recorded), repo)
+    return [path for path, digest in recorded.items() if now[path] != digest]
+
+
+def commit(repo: Path = REPO) -> str | None:
+    """The checkout's commit, for people reading a result; None outside a git checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip() or None
 
 
 @dataclass(frozen=True)
@@ -101,6 +141,8 @@ class Recorder:
             "load_average": [round(self.load_before, 2), round(os.getloadavg()[0], 2)],
             "rows": [asdict(row) for row in rows],
             "figures": figures,
+            "commit": commit(),
+            "sources": digests(SOURCES.get(self.name, ())),
         }
         results_dir.mkdir(parents=True, exist_ok=True)
         path = results_dir / f"{self.name}.json"

@@ -66,6 +66,25 @@ def test_each_result_file_says_what_where_and_when(path: Path) -> None:
     assert result["figures"], "the raw figures behind the rows are missing"
 
 
+@pytest.mark.parametrize("name", sorted(bench_results.SOURCES))
+def test_a_result_is_not_older_than_the_code_it_measures(name: str) -> None:
+    path = RESULTS_DIR / f"{name}.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert set(result.get("sources") or {}) == set(bench_results.SOURCES[name]), (
+        f"{path.name} does not record the digests of the files it measures: re-run {result['command']}"
+    )
+    changed = bench_results.stale_sources(result)
+    assert not changed, f"{path.name} is stale ({', '.join(changed)} changed): re-run {result['command']}"
+
+
+def test_a_changed_source_makes_its_result_stale(tmp_path: Path) -> None:
+    (tmp_path / "measured.py").write_text("x = 1\n", encoding="utf-8")
+    result = {"sources": bench_results.digests(["measured.py"], tmp_path)}
+    assert bench_results.stale_sources(result, tmp_path) == []
+    (tmp_path / "measured.py").write_text("x = 2\n", encoding="utf-8")
+    assert bench_results.stale_sources(result, tmp_path) == ["measured.py"]
+
+
 def test_a_recorded_result_is_what_the_table_shows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

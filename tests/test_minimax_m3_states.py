@@ -19,6 +19,16 @@ the final norm normalizes (its Gemma norm is the model's output); the model's ou
 for bit; at TP=1 every state is stock's bit for bit; the added all-reduces, counted at vLLM's
 GroupCoordinator, are one per requested id whose next norm reduces, none for the final id. Stock is
 shown to fail each oracle, so each comparison can fail.
+
+Id 0 and the GPU-only norm paths: flashinfer.norm's stand-in is in place in every run, as flashinfer's
+`gemma_fused_add_rmsnorm` is (`residual += x; x = norm(residual)`), so stock's id 0 (0.24.0-0.31.0:
+the embedding tensor that layer 0 keeps as its residual) is overwritten by a later layer's stream
+here too. With harness/child/gpu_norms.py on (the same child processes), flashinfer's fused
+all-reduce + Gemma norm runs too (a stand-in with its contract) for steps of at most 8 tokens, so the
+6-token steps take it and the 12-token ones the fallback (counted). Oracles: the patched states, id 0
+and the final id included, equal the TP=1 run's and id 0 the prompt's embedding rows; stock's id 0
+is wrong on 0.24.0 and right on 0.32.0 (vLLM copies it itself); the patched forward with the id-0
+copy removed (planted in the child) fails.
 """
 
 from __future__ import annotations
@@ -47,6 +57,13 @@ VERIFY_VARIANTS = ["1,2,3,4", "0,1,4"]  # checked by the in-worker check's check
 # partial at TP=2 (off by ~1.4, stock and patched alike: upstream's, not repaired here); MiniMax-M3's
 # own layout ends in MoE layers, which 0.24.0 reduces.
 REDUCED_FINAL = {BUG: False, NEWEST: True}
+# Under the GPU norm emulation: id 0 (the embeddings) and the final id with inner ids; each at 6 and
+# 12 tokens, flashinfer's fused all-reduce + Gemma norm (at TP > 1) taking steps of at most 8 tokens.
+GPU_VARIANTS = ["0,1,4", "0,2,3,4"]
+FUSED_TOKENS, SHORT, FULL = 8, 6, 12
+# vLLM 0.32.0 copies id 0 itself; 0.24.0-0.31.0 capture the embedding tensor that layer 0 keeps as
+# its residual, which the in-place Gemma norms then overwrite.
+STOCK_ID_0_ALIASED = {BUG: True, NEWEST: False}
 
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -63,6 +80,8 @@ def m3_runs(testenv, tmp_path_factory) -> dict[tuple[str, int], list[dict[str, A
         args = [testenv.script("minimax_m3_states"), "--world", str(world), "--layers", str(LAYERS)]
         args += ["--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
         args += ["--verify-variants", ";".join(VERIFY_VARIANTS)]
+        # the GPU_VARIANTS also under the GPU norm emulation (harness/child/gpu_norms.py)
+        args += ["--gpu-norms", str(FUSED_TOKENS), "--gpu-variants", ";".join(GPU_VARIANTS)]
         if version == NEWEST:
             args += ["--graph-variants", ";".join(GRAPH_VARIANTS)]
         result = testenv.run(args, version=version, hotfix=True, timeout=600)
@@ -209,6 +228,71 @@ def test_the_patched_forward_traces_in_one_graph_with_only_the_captures_ops(m3_r
                 for ops in COLLECTIVE_OPS.values()
             ]
             assert diff in allowed, (world, variant, diff)
+
+
+def _gpu(run: dict[str, Any], tokens: int, mode: str, variant: str, label: str) -> dict[str, Any]:
+    """One forward's result in the GPU-norm part of a run (mode: functional or emulated)."""
+    (entry,) = [e for e in run["gpu_norms"]["runs"][tokens][mode] if e["ids"] == _ids(variant)]
+    return entry[label]
+
+
+def _embeddings(tokens: int) -> Any:
+    """Id 0's oracle: the prompt's rows of the full embedding tensor (the same sizes and tensors as
+    harness/child/v32_states.py's, which minimax_m3_states.py loads)."""
+    import torch
+
+    from harness.child.v32_states import HIDDEN, PROMPT, VOCAB, _tensor
+
+    return _tensor("embed_tokens.weight", (VOCAB, HIDDEN), "embed", torch.float32)[PROMPT[:tokens]]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("world", [1, 2])
+def test_under_the_gpu_norms_patched_states_equal_the_tp1_states_id_0_included(
+    m3_runs, version: str, world: int
+) -> None:
+    (tp1,) = m3_runs[version, 1]
+    for rank in m3_runs[version, world]:
+        for tokens in (SHORT, FULL):
+            for variant in GPU_VARIANTS:
+                reference = _gpu(tp1, tokens, "functional", variant, "patched")["aux"]
+                checked = _checked(version, variant) if world == 2 else range(len(_ids(variant)))
+                for mode in ("functional", "emulated"):
+                    patched = _gpu(rank, tokens, mode, variant, "patched")
+                    where = (world, rank["rank"], tokens, mode, variant)
+                    assert "error" not in patched, patched
+                    assert len(patched["aux"]) == len(_ids(variant)), where
+                    got, want = [patched["aux"][i] for i in checked], [reference[i] for i in checked]
+                    assert _max_diff(got, want) < TOLERANCE, where
+                    assert _max_diff([patched["aux"][0]], [_embeddings(tokens)]) < TOLERANCE, where
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_fused_all_reduce_gemma_norm_takes_the_short_steps_and_the_fallback_the_long(
+    m3_runs, version: str
+) -> None:
+    for world in (1, 2):
+        for rank in m3_runs[version, world]:
+            runs = rank["gpu_norms"]["runs"]
+            assert runs[FULL]["fused_calls"] == 0
+            assert (runs[SHORT]["fused_calls"] > 0) == (world == 2), world
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_stock_id_0_is_overwritten_where_it_aliases_and_the_planted_removal_fails(
+    m3_runs, version: str
+) -> None:
+    """Stock's id 0 at TP=1 (every norm in place) and at TP=2 on the fallback branch: a later layer's
+    stream on 0.24.0, the embeddings on 0.32.0. The patched forward without the copy (planted: the
+    fix's on 0.24.0, vLLM's own on 0.32.0) is wrong there on both."""
+    for world in (1, 2):
+        for rank in m3_runs[version, world]:
+            for mode in ("functional", "emulated"):
+                stock = _gpu(rank, FULL, mode, "0,2,3,4", "stock")
+                planted = _gpu(rank, FULL, mode, "0,2,3,4", "planted-no-entry-copy")
+                off = _max_diff([stock["aux"][0]], [_embeddings(FULL)])
+                assert (off > 0.1) == STOCK_ID_0_ALIASED[version], (world, mode, off)
+                assert _max_diff([planted["aux"][0]], [_embeddings(FULL)]) > 0.1, (world, mode)
 
 
 @pytest.mark.parametrize("world", [1, 2])

