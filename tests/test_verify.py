@@ -152,3 +152,50 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
     assert report["ranks_agree"]["tolerance"] == 2e-2
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
     assert 0 < report["final"]["max_rel_diff"] < 2e-2
+
+
+# A fault inside the check on rank 1 (harness/child/sites/fault, VLLM_HOTFIX_TEST_CHECK_FAULT), at the
+# second checked step: its exchange is the all-gather over vLLM's CPU group (the first is the
+# handshake; tests/test_verify_exchange.py covers both, and every stage, at TP=2 without an engine).
+RAISE_AT_STEP_2 = "1:projection:raise@2"
+
+
+def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps_serving(verify) -> None:
+    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2)
+    assert run["code"] == 2, _describe(run)  # UNKNOWN: the check could not complete
+    assert "vLLM stopped with an error" not in run["stdout"], _describe(run)  # the prompts completed
+    assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
+    for report in run["reports"]:
+        assert report["verdict"] == "UNKNOWN" and report["steps"] == 2, report
+        assert report["errors"] == [
+            {"rank": 1, "stage": "projection", "message": "RuntimeError: planted at projection"}
+        ], report
+        assert report["exchange"] == {"ok": True, "note": None}
+        assert "rank 1 at projection: RuntimeError: planted at projection" in report["note"]
+        assert report["removed_after_window"] is True  # vLLM's own execute_model is back
+
+
+def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> None:
+    """Rank 1 sleeps 40 s in its check at the second step; the deadline is 10 s."""
+    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT="1:projection:sleep=40@2", VLLM_HOTFIX_VERIFY_TIMEOUT="10")
+    assert run["code"] == 2, _describe(run)
+    assert "vLLM stopped with an error" not in run["stdout"], _describe(run)
+    rank0, rank1 = run["reports"]
+    assert rank0["verdict"] == rank1["verdict"] == "UNKNOWN", _describe(run)
+    assert "did not complete within 10 s" in rank0["exchange"]["note"], rank0
+    assert "rank 1 joined the exchange" in rank1["exchange"]["note"], rank1  # the late rank stops too
+    assert (
+        rank0["steps"] == rank1["steps"] == 2
+        and rank0["removed_after_window"]
+        and rank1["removed_after_window"]
+    )
+
+
+def test_tp2_strict_stops_on_every_rank_with_the_reason(verify) -> None:
+    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2, VLLM_HOTFIX_STRICT="1")
+    assert "vLLM stopped with an error" in run["stdout"], _describe(run)
+    assert [r["verdict"] for r in run["reports"]] == ["UNKNOWN", "UNKNOWN"], _describe(run)
+    raised = re.findall(
+        r"VerifyError: vllm-hotfix verify pid=\d+ rank=(\d)/2 .*rank 1 at projection", run["log"]
+    )
+    assert sorted(set(raised)) == ["0", "1"], _describe(run)  # both ranks raised, with the reason

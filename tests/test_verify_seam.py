@@ -84,6 +84,12 @@ def test_switches() -> None:
     bad = read({"VLLM_HOTFIX_VERIFY": "-3"})
     assert bad.steps == 0 and "VLLM_HOTFIX_VERIFY='-3' is not valid" in (bad.problem or "")
     assert read({"VLLM_HOTFIX_VERIFY_REPORT": "/x"}).report_dir == "/x"
+    assert read({"VLLM_HOTFIX_VERIFY": "1"}).timeout_s == 60.0
+    assert read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TIMEOUT": "2.5"}).timeout_s == 2.5
+    for wrong in ("0", "-1", "soon", "inf"):
+        slow = read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TIMEOUT": wrong})
+        assert slow.steps == 8 and slow.timeout_s == 60.0, wrong
+        assert f"VLLM_HOTFIX_VERIFY_TIMEOUT={wrong!r} is not valid" in (slow.problem or ""), wrong
 
 
 def test_default_ids_are_the_eagle3_convention_plus_the_final_layer() -> None:

@@ -1,9 +1,12 @@
 """The checks of one step's aux hidden states, independent of the model class.
 
 Every tensor-parallel rank calls `check_step` on the same steps, with the same requested ids and
-token count (the scheduler's, shared by the group), so every rank sends a payload of the same
-shape into the one collective (an all-gather over vLLM's own TP group), even when its own states
-are missing or malformed (NaN fingerprints then, and the count check fails). Nothing here writes
+token count (the scheduler's, shared by the group), and every stage of its step (the count and
+shapes, the projection, the float32 copies, the final norm, the payload) runs inside one try: a
+rank whose stage raised still makes the step's one exchange (exchange.py, over vLLM's CPU group
+with a deadline), sending its error instead of a body. Every rank then judges from what came back:
+a rank that raised is an error (the verdict is UNKNOWN unless a real failure was seen), a rank with
+missing or malformed states sends NaN fingerprints and fails the count check. Nothing here writes
 to a state: fingerprints and norms are computed on copies.
 """
 
@@ -66,24 +69,52 @@ class StepCheck:
     finite_ok: bool
     final_ok: bool | None  # None: the final id not requested, or its norm input not observable
     final_rel_diff: float | None
-    ranks_rel_diff: float  # the largest relative disagreement with rank 0, over ids and tokens
+    ranks_rel_diff: float  # the largest relative disagreement with the first rank, over ids and tokens
     ranks_worst_id: int | None
     tolerance: float
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
     final_error: str | None = None  # why this rank could not apply the final norm
+    errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
+    exchange_note: str | None = None  # why the exchange gave nothing usable (deadline, mismatch)
     per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
-
-    @property
-    def ranks_agree(self) -> bool:
-        return self.ranks_rel_diff <= self.tolerance
 
     @property
     def ids_ok(self) -> bool:
         return all(entry["status"] != "FAIL" for entry in self.per_id)
 
     @property
+    def ranks_agree(self) -> bool:
+        return self.ranks_rel_diff <= self.tolerance
+
+    @property
+    def failed(self) -> bool:
+        """A real failure, seen in what the ranks that completed the step sent."""
+        return bool(self.failed_ranks) or not self.ranks_agree or not self.ids_ok
+
+    @property
+    def complete(self) -> bool:
+        """Every rank built its part and the exchange delivered it."""
+        return not self.errors and self.exchange_note is None
+
+    @property
     def ok(self) -> bool:
-        return not self.failed_ranks and self.ranks_agree and self.ids_ok
+        return self.complete and not self.failed
+
+
+# The stages of a step, in order; a rank whose check raises at one still joins the exchange.
+STAGES = ("step", "record", "shapes", "projection", "float32", "final-norm", "payload", "judge")
+
+
+def error_text(stage: str, error: BaseException) -> str:
+    """What a rank sends about its error: `STAGE: Type: message` (the stage is read back from it)."""
+    return f"{stage}: {type(error).__name__}: {error}"
+
+
+def parse_error(rank: int, text: str) -> dict[str, Any]:
+    stage, _, message = text.partition(": ")
+    if stage not in STAGES:
+        stage, message = "exchange", text
+    return {"rank": rank, "stage": stage, "message": message}
 
 
 def rel_rows(a: Any, b: Any) -> Any:
@@ -100,29 +131,12 @@ def _final_fails(value: float, limit: float) -> bool:
     return value != -1.0 and not value <= limit
 
 
-def check_step(
-    aux: Sequence[Any] | Any,
-    hidden_states: Any,
-    ids: Sequence[int],
-    tokens: int,
-    hidden_size: int,
-    group: Any,
-    final_index: int | None = None,
-    final_norm: FinalNorm | None = None,
-    taps: Any = None,
-    final_id: int | None = None,
-) -> StepCheck:
-    """Check one step. `aux`: what the model returned as aux states; `ids`: the requested layer ids;
-    `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
-    None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
-    to observe it (the model's output must equal the final norm of that state); `taps`: the model's
-    taps (taps.py) when it has them, each id then compared with what its layer received
-    (reference.py); `final_id`: the model's final layer id, for the per-id report."""
+def shapes(
+    states: list[Any], ids: Sequence[int], tokens: int, hidden_size: int
+) -> tuple[bool, str, list[bool]]:
+    """The count and shape check: one [>= tokens, hidden] state per requested id."""
     import torch
 
-    from vllm_hotfix.verify import reference
-
-    states = list(aux) if isinstance(aux, (list, tuple)) else []
     wanted = len(ids)
     shaped = [
         isinstance(s, torch.Tensor) and s.dim() == 2 and s.shape[0] >= tokens and s.shape[1] == hidden_size
@@ -136,61 +150,201 @@ def check_step(
         detail = f"shapes {bad}, expected [>={tokens}, {hidden_size}] each"
     else:
         detail = "ok"
-    device = states[0].device if states and isinstance(states[0], torch.Tensor) else hidden_states.device
-    dtype = states[0].dtype if states and isinstance(states[0], torch.Tensor) else hidden_states.dtype
-    proj = projection(hidden_size, device)
-    prints = torch.full((wanted, tokens, K), float("nan"), device=device)
-    finite = torch.ones((), dtype=torch.bool, device=device)
+    return count_ok, detail, shaped
+
+
+def fingerprints(
+    states: list[Any], shaped: list[bool], wanted: int, tokens: int, proj: Any
+) -> tuple[Any, Any]:
+    """Each state's float32 copy projected on the K directions ([ids, tokens, K]; NaN where a
+    state is missing or malformed), and whether every copy is finite."""
+    import torch
+
+    prints = torch.full((wanted, tokens, K), float("nan"), device=proj.device)
+    finite = torch.ones((), dtype=torch.bool, device=proj.device)
     for i, (state, good) in enumerate(zip(states[:wanted], shaped, strict=False)):
         if good:
             rows = state[:tokens].float()
             finite = finite & torch.isfinite(rows).all()
             prints[i] = rows @ proj
-    final = torch.tensor(-1.0, device=device)  # -1: not checked
-    final_error = None
-    if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
-        try:  # never raise before the exchange: the other ranks would wait in it
-            expected = final_norm(states[final_index][:tokens]).float()
-            final = rel_rows(expected, hidden_states[:tokens].float()).max()
-        except Exception as error:
-            final = torch.tensor(-1.0, device=device)  # not checked
-            final_error = f"the final norm could not be applied: {type(error).__name__}: {error}"
-    flags = torch.stack([torch.tensor(float(count_ok), device=device), finite.float(), final])
-    tap_blocks = reference.blocks(taps, ids, tokens, device)
-    payload = torch.cat([flags, prints.flatten(), tap_blocks])[None]
+    return prints, finite
+
+
+def body_size(ids: Sequence[int], max_tokens: int) -> int:
+    """The fixed payload of a window: 3 flags, then K floats per id and token, up to max_tokens."""
+    return 3 + len(ids) * max_tokens * K
+
+
+def payload(count_ok: bool, finite: Any, final: Any, prints: Any, capacity: int) -> Any:
+    """The body this rank sends: its three flags, then its fingerprints padded with NaN to capacity."""
+    import torch
+
+    wanted, checked, _ = prints.shape
+    padded = torch.full((wanted, capacity, K), float("nan"), device=prints.device)
+    padded[:, :checked] = prints
+    flags = torch.stack([torch.tensor(float(count_ok), device=prints.device), finite.float(), final.float()])
+    return torch.cat([flags, padded.flatten()])
+
+
+def check_step(
+    aux: Sequence[Any] | Any,
+    hidden_states: Any,
+    ids: Sequence[int],
+    tokens: int,
+    hidden_size: int,
+    group: Any,
+    final_index: int | None = None,
+    final_norm: FinalNorm | None = None,
+    *,
+    max_tokens: int | None = None,
+    window: int | None = None,
+    deadline_s: float = 60.0,
+    error: str | None = None,
+    taps: Any = None,
+    final_id: int | None = None,
+) -> StepCheck:
+    """Check one step (`taps`, `final_id`: the model's taps and final layer id, for the per-id
+    comparison of reference.py). `aux`: what the model returned as aux states; `ids`: the requested layer ids;
+    `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
+    None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
+    to observe it (the model's output must equal the final norm of that state). `max_tokens`: the
+    most tokens a step of this window can carry (the payload's fixed size; default `tokens`);
+    `window`: its length, checked in the handshake; `error`: what already failed before this call
+    (`error_text`), so this rank only joins the exchange.
+
+    Every stage up to the payload runs inside one try: whatever raises, this rank still makes the
+    step's one exchange (exchange.py), with its error instead of a body, and every rank judges
+    from what came back."""
+    import torch
+
+    from vllm_hotfix.verify import exchange as exchange_mod
+
+    capacity = max(int(max_tokens or tokens), 1)
+    checked = min(tokens, capacity)  # a longer step is checked on its first `capacity` tokens
+    wanted = len(ids)
+    from vllm_hotfix.verify import reference
+
+    size = body_size(ids, capacity) + len(ids) * reference.block_size(capacity)
+    count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
+    stage = "shapes"
+    try:
+        if error is not None:
+            raise _Joined(error)
+        states = list(aux) if isinstance(aux, (list, tuple)) else []
+        count_ok, detail, shaped = shapes(states, ids, tokens, hidden_size)
+        first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
+        device, dtype = first.device, first.dtype
+        stage = "projection"
+        proj = projection(hidden_size, device)
+        stage = "float32"
+        prints, finite = fingerprints(states, shaped, wanted, checked, proj)
+        stage = "final-norm"
+        final = torch.tensor(-1.0, device=device)  # -1: not checked
+        if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
+            try:  # a norm that cannot be applied here makes the final id n/a, not the step an error
+                expected = final_norm(states[final_index][:checked]).float()
+                final = rel_rows(expected, hidden_states[:checked].float()).max()
+            except Exception as norm_error:
+                final = torch.tensor(-1.0, device=device)
+                final_error = (
+                    f"the final norm could not be applied: {type(norm_error).__name__}: {norm_error}"
+                )
+        stage = "payload"
+        body = payload(count_ok, finite, final, prints, capacity)
+        body = torch.cat([body, reference.blocks(taps, ids, checked, body.device, capacity)])
+    except _Joined as joined:
+        error, body = str(joined), None
+    except Exception as raised:  # never skip the exchange: the other ranks would wait in it
+        error, body = error_text(stage, raised), None
+    hello = {"ids": list(ids), "hidden_size": int(hidden_size), "window": window, "max_tokens": capacity}
+    got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
+    try:  # the same data on every rank: a judge that raises raises on all of them alike
+        found = judge(got, ids, tokens, checked, capacity, group, dtype, count_ok, detail, final_error)
+        if got.problem is None:
+            main = body_size(ids, capacity)
+            prints = got.bodies[:, 3:main].reshape(-1, len(ids), capacity, K)[:, :, :checked]
+            blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(capacity))
+            limit = tolerance(dtype)
+            found.per_id = reference.judge(ids, checked, prints, blocks, limit, taps, final_id, capacity)
+        return found
+    except Exception as raised:
+        own = 0 if group is None else group.rank_in_group
+        text = error_text("judge", raised)
+        return StepCheck(
+            tokens,
+            count_ok,
+            detail,
+            True,
+            None,
+            None,
+            0.0,
+            None,
+            tolerance(dtype),
+            errors=[parse_error(own, text)],
+            final_error=final_error,
+        )
+
+
+class _Joined(Exception):
+    """An error from before check_step: this rank only joins the exchange."""
+
+
+def judge(
+    got: Any,
+    ids: Sequence[int],
+    tokens: int,
+    checked: int,
+    capacity: int,
+    group: Any,
+    dtype: Any,
+    count_ok: bool,
+    detail: str,
+    final_error: str | None,
+) -> StepCheck:
+    """The step's verdict from what every rank sent: ranks that raised are errors (not failures),
+    the others are compared with the first of them."""
+    import torch
+
     world = 1 if group is None else group.world_size
-    gathered = payload if world == 1 else group.all_gather(payload, dim=0)
-    gathered = gathered.cpu()  # the one device sync of the step
-    end = 3 + wanted * tokens * K
-    rank_flags, rank_prints = gathered[:, :3], gathered[:, 3:end].reshape(world, wanted, tokens, K)
-    rank_blocks = gathered[:, end:].reshape(world, wanted, reference.block_size(tokens))
+    own_rank = 0 if group is None else group.rank_in_group
+    errors = [parse_error(r, text) for r, text in enumerate(got.errors) if text]
+    limit = tolerance(dtype)
+    if got.problem is not None:
+        return StepCheck(
+            tokens, count_ok, detail, True, None, None, 0.0, None, limit, [], final_error, errors, got.problem
+        )
+    wanted = len(ids)
+    rank_flags = got.bodies[:, :3]
+    rank_prints = got.bodies[:, 3 : 3 + wanted * capacity * K].reshape(world, wanted, capacity, K)[
+        :, :, :checked
+    ]
+    good = [r for r in range(world) if not got.errors[r]]
     worst, worst_id = 0.0, None
-    for r in range(1, world):
-        rel = rel_rows(rank_prints[r], rank_prints[0])  # [ids, tokens]; NaN where a state was missing
+    for r in good[1:]:
+        rel = rel_rows(rank_prints[r], rank_prints[good[0]])  # [ids, tokens]; NaN where a state was missing
         rel = torch.where(torch.isnan(rel), torch.zeros_like(rel), rel)
         if rel.numel():
             value, index = rel.max(dim=1).values.max(dim=0)
             if float(value) > worst:
                 worst, worst_id = float(value), ids[int(index)]
-    own = gathered[0 if group is None else group.rank_in_group, :3].tolist()
-    limit = tolerance(dtype)
     failed = [
         r
-        for r in range(world)
+        for r in good
         if rank_flags[r, 0] < 1 or rank_flags[r, 1] < 1 or _final_fails(float(rank_flags[r, 2]), limit)
     ]
-    per_id = reference.judge(ids, tokens, rank_prints, rank_blocks, limit, taps, final_id)
+    own = rank_flags[own_rank].tolist()
+    mine = own_rank in good
     return StepCheck(
         tokens=tokens,
         count_ok=count_ok,
         count_detail=detail,
-        finite_ok=own[1] >= 1,
-        final_ok=None if own[2] < 0 else own[2] <= limit,
-        final_rel_diff=None if own[2] < 0 else own[2],
+        finite_ok=own[1] >= 1 if mine else True,
+        final_ok=None if not mine or own[2] < 0 else own[2] <= limit,
+        final_rel_diff=None if not mine or own[2] < 0 else own[2],
         ranks_rel_diff=worst,
         ranks_worst_id=worst_id,
         tolerance=limit,
         failed_ranks=failed,
         final_error=final_error,
-        per_id=per_id,
+        errors=errors,
     )

@@ -13,9 +13,13 @@ are skipped. V1's dummy runs and CUDA-graph captures call the model directly, ne
 Whether a loaded runner has that shape is probed from its source when its module is imported;
 anything else is `unknown` and nothing is installed.
 
-After the window (N steps, or the first failure), the original `execute_model` is put back: later
-steps run vLLM's own method, with no check and no flag test. The check never writes a state or a
-token; it raises into vLLM only under VLLM_HOTFIX_STRICT=1, when a check failed.
+After the window (N steps, or the first failure, or the first step that could not complete: a
+rank's error, an exchange past its deadline, ranks armed differently), the original
+`execute_model` is put back: later steps run vLLM's own method, with no check and no flag test.
+Every stage of a step, from building the `_Step` record on, is inside a try, so a rank that raised
+still joins the step's exchange (exchange.py). The check never writes a state or a token; it
+raises into vLLM only under VLLM_HOTFIX_STRICT=1, when a check failed or could not complete, on
+every rank together, after the exchange.
 """
 
 from __future__ import annotations
@@ -210,17 +214,19 @@ class _Step:
             vllm_version=getattr(vllm, "__version__", None),
         )
 
-    def check(self, state: Any) -> Any:
-        from vllm_hotfix.verify.checks import check_step
+        # the payload's fixed size: the most tokens the scheduler puts in one step
+        scheduler = getattr(getattr(runner, "vllm_config", None), "scheduler_config", None)
+        most = getattr(runner, "max_num_tokens", None) or getattr(scheduler, "max_num_batched_tokens", None)
+        self.max_tokens = int(most) if most else None
 
-        tokens = None
-        for name, attribute in TOKEN_SOURCES:
-            source = getattr(state, name, None)
-            if source is not None and getattr(source, attribute, None) is not None:
-                tokens = int(getattr(source, attribute))
-                break
-        if tokens is None:
-            tokens = int(state.hidden_states.shape[0])
+    def check(self, state: Any, window: int, deadline_s: float) -> Any:
+        from vllm_hotfix.verify.checks import check_step, error_text
+
+        error, tokens = None, 0
+        try:
+            tokens = step_tokens(state)
+        except Exception as raised:
+            error = error_text("record", raised)
         return check_step(
             state.aux_hidden_states,
             state.hidden_states,
@@ -230,9 +236,33 @@ class _Step:
             self.group,
             self.final_index,
             self.final_norm,
-            self.taps,
-            self.final_id,
+            taps=self.taps,
+            final_id=self.final_id,
+            max_tokens=self.max_tokens or tokens,
+            window=window,
+            deadline_s=deadline_s,
+            error=error,
         )
+
+
+def step_tokens(state: Any) -> int:
+    """The step's real (unpadded) token count, from the runner's state (the step record)."""
+    for name, attribute in TOKEN_SOURCES:
+        source = getattr(state, name, None)
+        if source is not None and getattr(source, attribute, None) is not None:
+            return int(getattr(source, attribute))
+    return int(state.hidden_states.shape[0])
+
+
+def _joined_only(window: Window, error: str, deadline_s: float) -> Any:
+    """This rank's `_Step` could not be built: it still joins the first exchange (the handshake),
+    with its error, over the TP group if that much is readable; else its peers meet the deadline."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    from vllm_hotfix.verify.checks import check_step
+
+    group = get_tp_group()
+    return check_step(None, None, [], 0, 0, group, window=window.wanted, deadline_s=deadline_s, error=error)
 
 
 def _finish(note: str | None = None) -> None:
@@ -268,7 +298,9 @@ def _finish(note: str | None = None) -> None:
                 window.write_report(found.report_dir)
             except OSError as error:
                 logger.warning("vllm-hotfix verify: report not written to %s: %s", found.report_dir, error)
-    if window.verdict == FAIL and containment.strict_requested():
+    incomplete = any(not check.complete for check in window.checks)
+    if (window.verdict == FAIL or incomplete) and containment.strict_requested():
+        # every rank read the same exchange: all of them raise here, at the same step
         raise VerifyError(f"{line} ({containment.STRICT_VAR}=1 stops the run)")
 
 
@@ -294,15 +326,24 @@ def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> No
                 " (no EAGLE3 draft, no extract_hidden_states)"
             )
         return
+    from vllm_hotfix.verify.checks import error_text
+
+    deadline_s = verify_settings.read().timeout_s
     step = _steps.get(runner)
     if step is None:
-        step = _steps[runner] = _Step(runner, cls, module)
-        window.context = step.context
         atexit.register(_at_exit)
+        try:
+            step = _steps[runner] = _Step(runner, cls, module)
+        except Exception as raised:  # this rank still joins its peers' first exchange
+            containment.report_error("verify: check not started", raised)
+            window.add(_joined_only(window, error_text("step", raised), deadline_s))
+            _finish()
+            return
+        window.context = step.context
         if not step.ids:
             _finish("the requested aux layer ids are not readable from the model (unknown)")
             return
-    if window.add(step.check(state)):
+    if window.add(step.check(state, window.wanted, deadline_s)):
         _finish()
 
 

@@ -2,7 +2,9 @@
 
 A verdict is PASS (every covered step passed every check, on every rank), FAIL (a check failed on
 some rank at some step; the window ends there, on every rank at once), or UNKNOWN (nothing could
-be checked: the seam was not recognised, or no step carried aux states).
+be checked: the seam was not recognised, or no step carried aux states; or the check could not
+complete on some rank: its error, an exchange past its deadline, ranks armed differently; the
+window then ends there, and the note says which rank and why).
 """
 
 from __future__ import annotations
@@ -45,12 +47,27 @@ class Window:
     removed: bool = False  # the wrapper was taken out of the runner after the window
 
     def add(self, check: StepCheck) -> bool:
-        """Record a step; True when the window is over (enough steps, or a failure)."""
+        """Record a step; True when the window is over (enough steps, a failure, or a step that
+        could not complete)."""
         self.checks.append(check)
+        if not check.complete and self.note is None:
+            self.note = incomplete_note(check)
         return not check.ok or len(self.checks) >= self.wanted
 
     @property
+    def errors(self) -> list[dict[str, Any]]:
+        return [error for check in self.checks for error in check.errors]
+
+    @property
+    def exchange_note(self) -> str | None:
+        return next((c.exchange_note for c in self.checks if c.exchange_note), None)
+
+    @property
     def verdict(self) -> str:
+        if any(c.failed and c.exchange_note is None for c in self.checks):
+            return FAIL  # a real failure, seen in what the ranks that completed the step sent
+        if any(not c.complete for c in self.checks):
+            return UNKNOWN
         if (
             self.note is not None
             and self.note.startswith("error")
@@ -101,6 +118,8 @@ class Window:
             },
             "failed_ranks": failed_ranks,
             "per_id": per_id(checks, ctx.ids if ctx else []),
+            "errors": self.errors,
+            "exchange": {"ok": self.exchange_note is None, "note": self.exchange_note},
             "note": self.note,
             "hint": self.hint,
             "removed_after_window": self.removed,
@@ -116,6 +135,9 @@ class Window:
         parts = [head, f"rank={ctx.rank}/{ctx.world}", f"model={ctx.model}", f"ids={ids}"]
         if not self.checks:
             parts.append(f"verdict={s['verdict']} ({self.note})")
+            return " ".join(parts)
+        if s["verdict"] == UNKNOWN and not all(c.complete for c in self.checks):
+            parts += [f"steps={s['steps']}", f"verdict={s['verdict']} ({self.note})"]
             return " ".join(parts)
         agree = s["ranks_agree"]
         where = f" at id {agree['worst_id']}" if not agree["ok"] and agree["worst_id"] is not None else ""
@@ -187,6 +209,14 @@ def _id_text(entry: dict[str, Any]) -> str:
     if entry["status"] == "FAIL":
         return f"{entry['id']}:FAIL ({entry['max_rel_diff']:.3g})"
     return f"{entry['id']}:n/a ({entry['why']})"
+
+
+def incomplete_note(check: StepCheck) -> str:
+    """Why a step could not complete, naming the rank(s) and the stage."""
+    if check.errors:
+        said = "; ".join(f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in check.errors)
+        return f"the check could not complete: {said}"
+    return f"the check could not complete: {check.exchange_note}"
 
 
 def hint(model_module: str, records: dict[str, Any], fixes: Any) -> str:

@@ -8,6 +8,14 @@ receives it: it adds 0.5 times each token's root mean square, with `nan` writes 
 tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/verify) must then
 fail: ranks disagree (at TP > 1), the final id (INDEX -1 on the final id), finite (nan), or the
 count on that rank only (drop).
+
+VLLM_HOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself, the one
+place this site reaches into vllm_hotfix: in the worker of that TP rank, the function of
+vllm_hotfix.verify.checks that runs STAGE (shapes, projection, float32, payload) raises
+(KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`, a stalled rank), at its CALL-th call
+(default 1: the first checked step, whose exchange is the handshake; 2: a later step, whose
+exchange is the all-gather). The other ranks must then end with a clear verdict naming that rank,
+without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
 """
 
 import os
@@ -44,3 +52,39 @@ if FAULT:
         cls.forward = forward
 
     wrapt.register_post_import_hook(_plant, "vllm.model_executor.models.deepseek_v2")
+
+CHECK_FAULT = os.environ.get("VLLM_HOTFIX_TEST_CHECK_FAULT")
+CHECK_STAGES = {
+    "shapes": "shapes",
+    "projection": "projection",
+    "float32": "fingerprints",
+    "payload": "payload",
+}
+
+if CHECK_FAULT:
+    _where, _, _call = CHECK_FAULT.partition("@")
+    CHECK_RANK, CHECK_STAGE, CHECK_KIND = _where.split(":")
+    CHECK_CALL = int(_call or "1")
+    import wrapt
+
+    def _plant_check(module) -> None:
+        name = CHECK_STAGES[CHECK_STAGE]
+        original = getattr(module, name)
+        calls = []
+
+        def planted(*args, **kwargs):
+            from vllm.distributed.parallel_state import get_tp_group
+
+            if get_tp_group().rank_in_group == int(CHECK_RANK):
+                calls.append(1)
+                if len(calls) == CHECK_CALL:
+                    if CHECK_KIND == "raise":
+                        raise RuntimeError(f"planted at {CHECK_STAGE}")
+                    import time
+
+                    time.sleep(float(CHECK_KIND.split("=")[1]))
+            return original(*args, **kwargs)
+
+        setattr(module, name, planted)
+
+    wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
