@@ -83,8 +83,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 get_tp_group(),
                 final_index,
                 final_norm,
-                taps,
-                args.layers,
+                taps=taps,
+                final_id=args.layers,
             )
             entry = dataclasses.asdict(found)
             entry.update(ids=ids, label=label, ok=found.ok, ranks_agree=found.ranks_agree)
