@@ -323,7 +323,7 @@ def test_the_check_compares_every_id_with_what_its_layer_received(m3_runs, versi
             }
             assert statuses == expected, (entry["label"], entry["per_id"])
             for e in entry["per_id"]:
-                if e["id"] > 0:
+                if e["id"] > 0 and world == 2:
                     assert "(reduced: the sum of 2 ranks' partial hidden_states" in e["reference"], e
                 if e["status"] == "FAIL":
                     assert e["max_rel_diff"] > 0.1, e
