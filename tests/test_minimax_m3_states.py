@@ -51,6 +51,7 @@ VARIANTS = ["1,2,3", "1,4", "4", "2,4", "1,2,3,4", ""]
 TOLERANCE = 1e-5
 RELEASES = [BUG, NEWEST]
 GRAPH_VARIANTS = ["", "1,2", "1,4"]  # traced by Dynamo (fullgraph) on the newest release
+VERIFY_VARIANTS = ["1,2,3,4", "0,1,4"]  # checked by the in-worker check's check_step, with its taps
 # vLLM 0.24.0's final norm does not reduce (no fuse_final_norm_allreduce): the final id is what that
 # norm reads, stock's value. With this all-dense model vLLM 0.24.0's own output is then a per-rank
 # partial at TP=2 (off by ~1.4, stock and patched alike: upstream's, not repaired here); MiniMax-M3's
@@ -78,6 +79,7 @@ def m3_runs(testenv, tmp_path_factory) -> dict[tuple[str, int], list[dict[str, A
         out = tmp_path_factory.mktemp(f"m3-{version}-tp{world}")
         args = [testenv.script("minimax_m3_states"), "--world", str(world), "--layers", str(LAYERS)]
         args += ["--variants", ";".join(VARIANTS), "--hotfix", "--out", str(out)]
+        args += ["--verify-variants", ";".join(VERIFY_VARIANTS)]
         # the GPU_VARIANTS also under the GPU norm emulation (harness/child/gpu_norms.py)
         args += ["--gpu-norms", str(FUSED_TOKENS), "--gpu-variants", ";".join(GPU_VARIANTS)]
         if version == NEWEST:
@@ -291,3 +293,37 @@ def test_stock_id_0_is_overwritten_where_it_aliases_and_the_planted_removal_fail
                 off = _max_diff([stock["aux"][0]], [_embeddings(FULL)])
                 assert (off > 0.1) == STOCK_ID_0_ALIASED[version], (world, mode, off)
                 assert _max_diff([planted["aux"][0]], [_embeddings(FULL)]) > 0.1, (world, mode)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_check_compares_every_id_with_what_its_layer_received(m3_runs, version: str, world: int) -> None:
+    """The in-worker check (vllm_hotfix/verify/checks.py with its taps, taps.py) on MiniMaxM3Model:
+    at TP=2 every inner id of stock FAILs against the reduced stream (MiniMax defers each layer's
+    reduce into the next norm), patched is ok, final id included, checked through the tap of the
+    final norm's input (its Gemma norm has no forward_native). vLLM 0.24.0's final norm does not
+    reduce (REDUCED_FINAL): the final id, stock's value in both, is then a per-rank partial, which
+    the check FAILs too (the model's own output is partial there: upstream's). Id 0: stock 0.24.0
+    appends the embedding tensor that layer 0 keeps as `residual`, and MiniMAXGemmaRMSNorm's fused
+    add-norm (flashinfer's, in place: the stand-in keeps that contract) then writes the running
+    sum into it, so stock's id 0 FAILs at TP=1 and TP=2 (the alias of issue 27, seen by the check);
+    vLLM 0.32 clones it itself, and the patched forward copies it: ok. Otherwise at TP=1 all ok."""
+    for rank in m3_runs[(version, world)]:
+        for entry in rank["verified"]:
+            statuses = {e["id"]: e["status"] for e in entry["per_id"]}
+            assert list(statuses) == entry["ids"], entry["per_id"]
+            stock = entry["label"] == "stock"
+            alias = stock and version == BUG  # stock 0.24.0's id 0 aliases the in-place residual
+            final_bad = not REDUCED_FINAL[version]
+            expected = {
+                i: "FAIL"
+                if (i == 0 and alias) or (world == 2 and i > 0 and (stock or (i == LAYERS and final_bad)))
+                else "ok"
+                for i in entry["ids"]
+            }
+            assert statuses == expected, (entry["label"], entry["per_id"])
+            for e in entry["per_id"]:
+                if e["id"] > 0 and world == 2:
+                    assert "(reduced: the sum of 2 ranks' partial hidden_states" in e["reference"], e
+                if e["status"] == "FAIL":
+                    assert e["max_rel_diff"] > 0.1, e

@@ -76,6 +76,9 @@ def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
         assert report["ids"] == [1, 2, 4]  # the EAGLE3 convention on 4 layers, plus the final layer
         assert report["ranks_agree"]["max_rel_diff"] == 0.0  # gloo gives both ranks the same sums
         assert report["final"]["ok"] is True and report["count"]["ok"] and report["finite"]["ok"]
+        # every id is the stream its decoder layer received (the taps, registered at model load)
+        assert [(e["id"], e["status"]) for e in report["per_id"]] == [(1, "ok"), (2, "ok"), (4, "ok")]
+        assert report["per_id"][-1]["reference"].startswith("the final norm's input")
         assert report["removed_after_window"] is True  # vLLM's own execute_model is back
         assert report["seam"] == "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
     pids = {r["pid"] for r in run["reports"]}
@@ -97,6 +100,7 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
         assert not agree["ok"] and agree["max_rel_diff"] > 0.1 and agree["worst_id"] == 1, agree
         assert report["steps"] == 1  # the window ends at the first failure, on both ranks
         assert report["count"]["ok"] and report["finite"]["ok"] and report["final"]["ok"]
+        assert [e["status"] for e in report["per_id"]] == ["FAIL", "ok", "ok"], report["per_id"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")
     assert re.search(r"rank=0/2 .* ranks-agree=no \(max rel diff 0\.\d+ at id 1", run["log"]), _describe(run)
     assert "verdict: FAIL" in run["stdout"] and verdict_of(run["log"], world=2) == "FAIL"
@@ -130,6 +134,7 @@ def test_tp1_patched_passes(verify) -> None:
     assert run["code"] == 0, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "PASS" and report["world"] == 1 and report["final"]["ok"] is True
+    assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
 
 
 def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
@@ -172,6 +177,7 @@ def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL" and report["final"]["ok"] is False, report
     assert report["final"]["max_rel_diff"] > 0.1 and report["ranks_agree"]["ok"]
+    assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "FAIL"], report["per_id"]
     assert "VerifyError" in run["log"] and "VLLM_HOTFIX_STRICT=1 stops the run" in run["log"]
     found = json.loads(run["stdout"])
     assert (found["verdict"], found["exit_code"]) == ("FAIL", 1) and found["error"]  # vLLM stopped
@@ -187,6 +193,7 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
     (report,) = run["reports"]
     assert report["verdict"] == "PASS" and report["vllm_version"] == NEWEST
     assert report["ranks_agree"]["tolerance"] == 2e-2
+    assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
     assert 0 < report["final"]["max_rel_diff"] < 2e-2
 
 

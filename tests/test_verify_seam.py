@@ -32,7 +32,9 @@ with open(path, "w") as f:
 spec = importlib.util.spec_from_file_location("fake_runner", path)
 fake = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fake)
+from vllm.model_executor.model_loader import base_loader
 print(json.dumps({
+    "taps_at_load": getattr(base_loader.BaseModelLoader.load_model, "__vllm_hotfix_taps__", False),
     "probed": seam.probed,
     "installed": sorted(cls.__module__ for cls in seam._installed),
     "cpu_inherits": "execute_model" not in vars(cpu_model_runner.CPUModelRunner),
@@ -45,8 +47,11 @@ import json, sys
 import vllm_hotfix
 from vllm.v1.worker import gpu_model_runner as v1
 own = vars(v1.GPUModelRunner)["execute_model"]
+from vllm.model_executor.model_loader import base_loader
+load = vars(base_loader.BaseModelLoader)["load_model"]
 print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_hotfix.verify")),
-                  "vllms_own": own.__wrapped__.__code__.co_filename == v1.__file__}))
+                  "vllms_own": own.__wrapped__.__code__.co_filename == v1.__file__
+                  and not hasattr(load, "__vllm_hotfix_taps__")}))
 """
 
 
@@ -59,6 +64,7 @@ def test_the_seam_is_recognised_in_both_runners(testenv, version: str) -> None:
     runners = ["vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"]
     assert found["probed"] == {f"{name}.GPUModelRunner": None for name in runners}, found
     assert found["installed"] == runners and found["cpu_inherits"]
+    assert found["taps_at_load"] is True  # the model loader attaches the taps (verify/taps.py)
     unpack = "hidden_states, aux_hidden_states = model_output"
     assert found["fake"] == f"fake_runner.GPUModelRunner.execute_model does not unpack `{unpack}`"
 

@@ -172,6 +172,38 @@ def _full_tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) ->
     return _tensor(name, shape, kind, dtype)
 
 
+def verify_variants(
+    model: object, args: argparse.Namespace, functions: dict, inputs: tuple, step: object
+) -> list[dict]:
+    """For each id list of --verify-variants, the in-worker check's `check_step` on each function's
+    states, with the package's taps (vllm_hotfix/verify/taps.py) attached as the engine's model
+    loader attaches them: after the graphs are counted, so their counts do not include the taps."""
+    if not args.verify_variants:
+        return []
+    import dataclasses
+
+    import torch
+    from vllm.distributed.parallel_state import get_tp_group
+
+    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.verify.checks import check_step
+
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    out = []
+    for variant in parse_variants(args.verify_variants):
+        model.aux_hidden_state_layers = variant
+        for label, function in functions.items():
+            with torch.no_grad(), step():
+                result = function(model, *inputs)
+            hidden, aux = (result[0], list(result[1])) if isinstance(result, tuple) else (result, [])
+            ids = list(variant)
+            check = check_step(
+                aux, hidden, ids, len(PROMPT), HIDDEN, get_tp_group(), taps=taps, final_id=args.layers
+            )
+            out.append({"ids": ids, "label": label, "ok": check.ok, **dataclasses.asdict(check)})
+    return out
+
+
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     os.environ["VLLM_DIST_IDENT"] = f"m3-{port}"  # vLLM's CPU communicator names its shm group by it
     import torch
@@ -231,6 +263,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 )
         both = {"stock": stock, "patched": forward}
         graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
+        verified = verify_variants(model, args, functions, inputs, step)
 
     record = rank_record(
         rank,
@@ -241,13 +274,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         fuse_input=[bool(layer.fuse_input_allreduce) for layer in model.layers],
         fuse_final=getattr(model, "fuse_final_norm_allreduce", None),
         graphs=graphs,
+        verified=verified,
         gpu_norms=gpu,
     )
     torch.save(record, os.path.join(args.out, f"rank{rank}.pt"))
 
 
 def main() -> None:
-    args = rank_parser(__doc__).parse_args()
+    parser = rank_parser(__doc__)
+    parser.add_argument("--verify-variants", default="", help="id lists checked by the in-worker check")
+    args = parser.parse_args()
 
     from tp_ranks import run_ranks  # this script's directory is on sys.path
 

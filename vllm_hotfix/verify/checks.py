@@ -76,6 +76,11 @@ class StepCheck:
     final_error: str | None = None  # why this rank could not apply the final norm
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
     exchange_note: str | None = None  # why the exchange gave nothing usable (deadline, mismatch)
+    per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
+
+    @property
+    def ids_ok(self) -> bool:
+        return all(entry["status"] != "FAIL" for entry in self.per_id)
 
     @property
     def ranks_agree(self) -> bool:
@@ -84,7 +89,7 @@ class StepCheck:
     @property
     def failed(self) -> bool:
         """A real failure, seen in what the ranks that completed the step sent."""
-        return bool(self.failed_ranks) or not self.ranks_agree
+        return bool(self.failed_ranks) or not self.ranks_agree or not self.ids_ok
 
     @property
     def complete(self) -> bool:
@@ -112,7 +117,7 @@ def parse_error(rank: int, text: str) -> dict[str, Any]:
     return {"rank": rank, "stage": stage, "message": message}
 
 
-def _rel_rows(a: Any, b: Any) -> Any:
+def rel_rows(a: Any, b: Any) -> Any:
     """Per row: |a - b| / |b| (rows of float32), 0 where both are 0."""
     import torch
 
@@ -195,8 +200,11 @@ def check_step(
     window: int | None = None,
     deadline_s: float = 60.0,
     error: str | None = None,
+    taps: Any = None,
+    final_id: int | None = None,
 ) -> StepCheck:
-    """Check one step. `aux`: what the model returned as aux states; `ids`: the requested layer ids;
+    """Check one step (`taps`, `final_id`: the model's taps and final layer id, for the per-id
+    comparison of reference.py). `aux`: what the model returned as aux states; `ids`: the requested layer ids;
     `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
     None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
     to observe it (the model's output must equal the final norm of that state). `max_tokens`: the
@@ -214,7 +222,9 @@ def check_step(
     capacity = max(int(max_tokens or tokens), 1)
     checked = min(tokens, capacity)  # a longer step is checked on its first `capacity` tokens
     wanted = len(ids)
-    size = body_size(ids, capacity)
+    from vllm_hotfix.verify import reference
+
+    size = body_size(ids, capacity) + len(ids) * reference.block_size(capacity)
     count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
     stage = "shapes"
     try:
@@ -233,7 +243,7 @@ def check_step(
         if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
             try:  # a norm that cannot be applied here makes the final id n/a, not the step an error
                 expected = final_norm(states[final_index][:checked]).float()
-                final = _rel_rows(expected, hidden_states[:checked].float()).max()
+                final = rel_rows(expected, hidden_states[:checked].float()).max()
             except Exception as norm_error:
                 final = torch.tensor(-1.0, device=device)
                 final_error = (
@@ -241,6 +251,7 @@ def check_step(
                 )
         stage = "payload"
         body = payload(count_ok, finite, final, prints, capacity)
+        body = torch.cat([body, reference.blocks(taps, ids, checked, body.device, capacity)])
     except _Joined as joined:
         error, body = str(joined), None
     except Exception as raised:  # never skip the exchange: the other ranks would wait in it
@@ -248,7 +259,14 @@ def check_step(
     hello = {"ids": list(ids), "hidden_size": int(hidden_size), "window": window, "max_tokens": capacity}
     got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
     try:  # the same data on every rank: a judge that raises raises on all of them alike
-        return judge(got, ids, tokens, checked, capacity, group, dtype, count_ok, detail, final_error)
+        found = judge(got, ids, tokens, checked, capacity, group, dtype, count_ok, detail, final_error)
+        if got.problem is None:
+            main = body_size(ids, capacity)
+            prints = got.bodies[:, 3:main].reshape(-1, len(ids), capacity, K)[:, :, :checked]
+            blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(capacity))
+            limit = tolerance(dtype)
+            found.per_id = reference.judge(ids, checked, prints, blocks, limit, taps, final_id, capacity)
+        return found
     except Exception as raised:
         own = 0 if group is None else group.rank_in_group
         text = error_text("judge", raised)
@@ -297,11 +315,13 @@ def judge(
         )
     wanted = len(ids)
     rank_flags = got.bodies[:, :3]
-    rank_prints = got.bodies[:, 3:].reshape(world, wanted, capacity, K)[:, :, :checked]
+    rank_prints = got.bodies[:, 3 : 3 + wanted * capacity * K].reshape(world, wanted, capacity, K)[
+        :, :, :checked
+    ]
     good = [r for r in range(world) if not got.errors[r]]
     worst, worst_id = 0.0, None
     for r in good[1:]:
-        rel = _rel_rows(rank_prints[r], rank_prints[good[0]])  # [ids, tokens]; NaN where a state was missing
+        rel = rel_rows(rank_prints[r], rank_prints[good[0]])  # [ids, tokens]; NaN where a state was missing
         rel = torch.where(torch.isnan(rel), torch.zeros_like(rel), rel)
         if rel.numel():
             value, index = rel.max(dim=1).values.max(dim=0)

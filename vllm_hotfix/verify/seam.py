@@ -52,6 +52,7 @@ RUNNERS = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
 )
 UNPACK = "hidden_states, aux_hidden_states = model_output"
+LOADER = "vllm.model_executor.model_loader.base_loader"  # BaseModelLoader.load_model: the taps
 TOKEN_SOURCES = (("scheduler_output", "total_num_scheduled_tokens"), ("input_batch", "num_tokens"))
 
 
@@ -142,6 +143,11 @@ def _final_norm_note(inner: Any) -> tuple[Any, str]:
     fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
     if not (direct or fused):
         return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
+    # the final id is the norm's input sum only where the norm is given (hidden_states, residual):
+    # DeepSeek-V4 ends with self.norm(hidden_states) after its hyper-connection head, and its final
+    # aux is a mean over the streams by definition, not what that norm reads
+    if len(call.args) < (2 if direct else 3):
+        return None, f"{name}'s final norm takes no residual: its final id is not the norm's input sum"
 
     def final_norm(state: Any) -> Any:
         out = native(state.clone())
@@ -183,6 +189,18 @@ class _Step:
             self.final_norm, final_note = _final_norm_note(self.holder)
         import vllm
 
+        from vllm_hotfix.verify import taps as taps_mod
+
+        self.taps = taps_mod.of(self.holder) if self.holder is not None else None
+        self.final_id = int(layers) if isinstance(layers, int) else None
+        odd = sorted(
+            {form for form in (self.taps.forms.values() if self.taps else ()) if form != taps_mod.PAIR}
+        )
+        if odd and self.final_norm is not None:
+            # e.g. DeepSeek-V4's hyper-connection layers: its final aux is the model's own definition
+            # (a mean over the streams), not the final norm's input
+            self.final_norm = None
+            final_note = f"the layers are not of the (hidden_states, residual) form ({odd[0]})"
         holder = self.holder if self.holder is not None else model
         self.context = Context(
             model=str(architectures[0]),
@@ -218,6 +236,8 @@ class _Step:
             self.group,
             self.final_index,
             self.final_norm,
+            taps=self.taps,
+            final_id=self.final_id,
             max_tokens=self.max_tokens or tokens,
             window=window,
             deadline_s=deadline_s,
@@ -253,6 +273,9 @@ def _finish(note: str | None = None) -> None:
             return
         _finished = True
         window = _window
+        from vllm_hotfix.verify import taps as taps_mod
+
+        taps_mod.deactivate()
         if note is not None:
             window.note = note
         for cls, (original, ours) in list(_installed.items()):
@@ -389,6 +412,37 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
         containment.report_error("verify: not armed", error)
 
 
+def _on_loader_import(module: types.ModuleType) -> None:
+    """Wrap BaseModelLoader.load_model: the loaded model gets its taps (taps.py) before vLLM compiles
+    it or captures CUDA graphs. Loaders that override load_model are not wrapped: their models'
+    ids are then `n/a` (no taps)."""
+    try:
+        cls = getattr(module, "BaseModelLoader", None)
+        original = vars(cls).get("load_model") if isinstance(cls, type) else None
+        if not isinstance(original, types.FunctionType) or getattr(original, "__vllm_hotfix_taps__", False):
+            return
+
+        @functools.wraps(original)
+        def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+            model = original(self, *args, **kwargs)
+            try:
+                from vllm_hotfix.verify import taps
+
+                taps.attach_loaded(model)
+            except Exception as error:
+                if containment.strict_requested():
+                    raise
+                containment.report_error("verify: taps not registered", error)
+            return model
+
+        load_model.__vllm_hotfix_taps__ = True  # type: ignore[attr-defined]
+        cls.load_model = load_model
+    except Exception as error:
+        if containment.strict_requested():
+            raise
+        containment.report_error("verify: taps not armed", error)
+
+
 def arm() -> None:
     """Arm the check when VLLM_HOTFIX_VERIFY asks for it: a post-import hook per runner module."""
     global _hooked, _window
@@ -410,3 +464,4 @@ def arm() -> None:
             wrapt.register_post_import_hook(
                 lambda module, class_name=class_name: _on_import(module, class_name), module_name
             )
+        wrapt.register_post_import_hook(_on_loader_import, LOADER)

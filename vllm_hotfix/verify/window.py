@@ -119,6 +119,7 @@ class Window:
                 ),
             },
             "failed_ranks": failed_ranks,
+            "per_id": per_id(checks, ctx.ids if ctx else []),
             "errors": self.errors,
             "exchange": {"ok": self.exchange_note is None, "note": self.exchange_note},
             "note": self.note,
@@ -155,6 +156,7 @@ class Window:
             f" tolerance {agree['tolerance']:.0e})",
             f"finite={'ok' if s['finite']['ok'] else 'FAIL'}",
             f"final={final_text}",
+            "per-id=[" + ", ".join(_id_text(entry) for entry in s["per_id"]) + "]",
         ]
         if s["failed_ranks"]:
             parts.append("failed-on-ranks=[" + ",".join(map(str, s["failed_ranks"])) + "]")
@@ -173,6 +175,42 @@ class Window:
             json.dump(self.summary(), out, indent=2)
         os.replace(temporary, path)
         return path
+
+
+def per_id(checks: list[StepCheck], ids: list[int]) -> list[dict[str, Any]]:
+    """SCHEMA "per_id" over the window: FAIL if some step failed the id (its largest difference),
+    else ok if some step compared it (the largest difference), else n/a (the first step's why)."""
+    out = []
+    for position, layer_id in enumerate(ids):
+        steps = [c.per_id[position] for c in checks if len(c.per_id) > position]
+        if not steps:
+            out.append(
+                {
+                    "id": layer_id,
+                    "status": "n/a",
+                    "max_rel_diff": None,
+                    "tolerance": None,
+                    "reference": "",
+                    "why": "no step compared it",
+                }
+            )
+            continue
+        failed = [e for e in steps if e["status"] == "FAIL"]
+        compared = failed or [e for e in steps if e["status"] == "ok"]
+        if not compared:
+            out.append(dict(steps[0]))
+            continue
+        worst = max(compared, key=lambda e: e["max_rel_diff"] or 0.0)
+        out.append(dict(worst))
+    return out
+
+
+def _id_text(entry: dict[str, Any]) -> str:
+    if entry["status"] == "ok":
+        return f"{entry['id']}:ok"
+    if entry["status"] == "FAIL":
+        return f"{entry['id']}:FAIL ({entry['max_rel_diff']:.3g})"
+    return f"{entry['id']}:n/a ({entry['why']})"
 
 
 def incomplete_note(check: StepCheck) -> str:

@@ -1,0 +1,155 @@
+"""The taps of the in-worker check (vllm_hotfix/verify/taps.py) and its per-id judgement
+(reference.py), in this process on a small torch model whose decoder layers have vLLM's
+`(positions, hidden_states, residual) -> (hidden_states, residual)` form and whose forward captures
+the aux states as vLLM's backbones do (`hidden_states + residual` before layer k; the final id
+after the last layer). No vLLM here: the engine and vLLM's real models are in test_verify.py,
+test_verify_v32.py and test_minimax_m3_states.py. Shows the mechanics those rely on: the op
+records in eager mode and inside a graph compiled by torch.compile (Inductor), a tap that did not
+run gives n/a, layers of another form give n/a, the flag stops the taps, planted faults FAIL."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
+from vllm_hotfix.verify.checks import check_step  # noqa: E402
+
+HIDDEN, TOKENS, LAYERS = 32, 10, 4
+IDS = [0, 1, 2, LAYERS]
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, pair: bool = True) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.pair = pair
+
+    def forward(self, positions, hidden_states, residual):
+        residual = hidden_states if residual is None else hidden_states + residual
+        out = self.proj(torch.tanh(residual))
+        return (out, residual) if self.pair else (out, residual, out, residual)
+
+
+class Backbone(torch.nn.Module):
+    def __init__(self, pair: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(Layer(pair) for _ in range(LAYERS))
+        self.aux_hidden_state_layers = tuple(IDS)
+
+    def forward(self, x):
+        hidden, residual, aux = x, None, []
+        for idx, layer in enumerate(self.layers):
+            if idx in self.aux_hidden_state_layers:
+                aux.append(hidden if residual is None else hidden + residual)
+            hidden, residual = layer(None, hidden, residual)[:2]
+        if len(self.layers) in self.aux_hidden_state_layers:
+            aux.append(hidden + residual)
+        return hidden + residual, aux
+
+
+@pytest.fixture(autouse=True)
+def _active():
+    taps_mod._state["active"] = True
+    yield
+    taps_mod._state["active"] = True
+
+
+def _check(model, taps, states=None, forward=None):
+    with torch.no_grad():
+        out, aux = (forward or model)(torch.randn(TOKENS, HIDDEN))
+    found = check_step(
+        states(aux) if states else aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS
+    )
+    return {e["id"]: e["status"] for e in found.per_id}, found
+
+
+def test_every_id_ok_eager_and_compiled() -> None:
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, found = _check(model, taps, forward=torch.compile(model.forward))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+
+
+PLANTED = {
+    "scaled": (lambda aux: [a * 1.5 for a in aux], {0, 1, 2, 4}),
+    "zero": (lambda aux: [aux[0], torch.zeros_like(aux[1]), aux[2], aux[3]], {1}),
+    "off-by-one": (lambda aux: [*aux[1:], aux[-1]], {0, 1, 2}),
+    "alias-final": (lambda aux: [aux[-1], *aux[1:]], {0}),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(PLANTED))
+def test_a_planted_fault_fails_its_ids(fault) -> None:
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    plant, expected = PLANTED[fault]
+    statuses, found = _check(model, taps, plant)
+    assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
+
+
+def test_a_tap_that_did_not_run_is_na_never_a_verdict() -> None:
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    again = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)  # no forward
+    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok
+    assert "the tap did not run in this step" in again.per_id[0]["why"]
+
+
+def test_after_the_window_the_taps_stop() -> None:
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    _check(model, taps)
+    taps_mod.deactivate()
+    calls = taps.meta[:, 0].clone()
+    with torch.no_grad():
+        model(torch.randn(TOKENS, HIDDEN))
+    assert torch.equal(taps.meta[:, 0], calls)
+
+
+def test_layers_of_another_form_are_na() -> None:
+    """DeepSeek-V4-like layers (more than a (hidden_states, residual) pair): nothing compared."""
+    model = Backbone(pair=False)
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
+    assert "not (hidden_states, residual)" in found.per_id[1]["why"]
+
+
+class _Norm(torch.nn.Module):
+    def forward_native(self, x, residual=None):
+        return x if residual is None else (x + residual, x + residual)
+
+
+class _V2Like(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = _Norm()
+
+    def forward(self, hidden_states, residual):
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class _V4Like(_V2Like):
+    def forward(self, hidden_states, residual):
+        hidden_states = self.norm(hidden_states)  # after a hyper-connection head, as DeepseekV4Model
+        return hidden_states
+
+
+def test_the_final_norm_check_needs_a_norm_given_the_residual() -> None:
+    """DeepSeek-V4's forward ends with `self.norm(hidden_states)`: its final aux (a mean over the
+    hyper-connection streams) is not that norm's input, so the final-id test says n/a, not FAIL."""
+    from vllm_hotfix.verify.seam import _final_norm_note
+
+    norm, note = _final_norm_note(_V2Like())
+    assert norm is not None, note
+    norm, note = _final_norm_note(_V4Like())
+    assert norm is None and "takes no residual" in note
