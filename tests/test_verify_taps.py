@@ -75,6 +75,25 @@ def test_every_id_ok_eager_and_compiled() -> None:
     assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
 
 
+def test_compiled_taps_replay_no_python_side_effect() -> None:
+    """vLLM refuses, under CUDA graphs, a compiled forward whose Dynamo bytecode replays a Python
+    mutation (`"update" in new_code.co_names`, vllm/compilation/wrapper.py): the taps' hooks must
+    leave no trace in it, or a GPU engine with the check on would fail to start."""
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    names: list[str] = []
+    handle = torch._dynamo.convert_frame.register_bytecode_hook(
+        lambda old, new: names.extend(new.co_names) if new is not None else None
+    )
+    try:
+        torch._dynamo.reset()
+        statuses, _ = _check(model, taps, forward=torch.compile(model.forward, backend="eager"))
+    finally:
+        handle.remove()
+    assert names and "update" not in names, names
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"}
+
+
 PLANTED = {
     "scaled": (lambda aux: [a * 1.5 for a in aux], {0, 1, 2, 4}),
     "zero": (lambda aux: [aux[0], torch.zeros_like(aux[1]), aux[2], aux[3]], {1}),

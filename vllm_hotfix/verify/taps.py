@@ -145,13 +145,23 @@ class Taps:
                 and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in output)
                 and output[0].shape == output[1].shape
             )
+            # The form is noted in eager calls only: a dict written while Dynamo traces becomes a
+            # replayed `update` in the compiled bytecode, which vLLM refuses under CUDA graphs
+            # (tests/test_verify_taps.py). A compiled layer of another form just never taps (n/a).
+            note = not torch.compiler.is_compiling()
             if not pair:
-                kind = (
-                    f"{type(output).__name__} of {len(output)}" if isinstance(output, tuple) else "one tensor"
-                )
-                self.forms[site] = f"{type(module).__name__} returns a {kind}, not (hidden_states, residual)"
+                if note:
+                    kind = (
+                        f"{type(output).__name__} of {len(output)}"
+                        if isinstance(output, tuple)
+                        else "one tensor"
+                    )
+                    self.forms[site] = (
+                        f"{type(module).__name__} returns a {kind}, not (hidden_states, residual)"
+                    )
                 return None
-            self.forms[site] = PAIR
+            if note:
+                self.forms[site] = PAIR
             self._call(output[0], output[1], site)
             return None
 
