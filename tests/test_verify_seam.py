@@ -33,7 +33,9 @@ spec = importlib.util.spec_from_file_location("fake_runner", path)
 fake = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fake)
 from vllm.model_executor.model_loader import base_loader
+import vllm.envs
 print(json.dumps({
+    "compile_cache_off": vllm.envs.VLLM_DISABLE_COMPILE_CACHE,
     "taps_at_load": getattr(base_loader.BaseModelLoader.load_model, "__vllm_hotfix_taps__", False),
     "probed": seam.probed,
     "installed": sorted(cls.__module__ for cls in seam._installed),
@@ -49,7 +51,9 @@ from vllm.v1.worker import gpu_model_runner as v1
 own = vars(v1.GPUModelRunner)["execute_model"]
 from vllm.model_executor.model_loader import base_loader
 load = vars(base_loader.BaseModelLoader)["load_model"]
+import vllm.envs
 print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_hotfix.verify")),
+                  "compile_cache_off": vllm.envs.VLLM_DISABLE_COMPILE_CACHE,
                   "vllms_own": own.__wrapped__.__code__.co_filename == v1.__file__
                   and not hasattr(load, "__vllm_hotfix_taps__")}))
 """
@@ -65,6 +69,7 @@ def test_the_seam_is_recognised_in_both_runners(testenv, version: str) -> None:
     assert found["probed"] == {f"{name}.GPUModelRunner": None for name in runners}, found
     assert found["installed"] == runners and found["cpu_inherits"]
     assert found["taps_at_load"] is True  # the model loader attaches the taps (verify/taps.py)
+    assert found["compile_cache_off"] is True  # no cached graph without the taps, none stored with them
     unpack = "hidden_states, aux_hidden_states = model_output"
     assert found["fake"] == f"fake_runner.GPUModelRunner.execute_model does not unpack `{unpack}`"
 
@@ -73,7 +78,8 @@ def test_the_seam_is_recognised_in_both_runners(testenv, version: str) -> None:
 def test_off_by_default_nothing_is_loaded_or_installed(testenv) -> None:
     done = testenv.run(["-c", INVISIBLE], version=BUG, hotfix=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.splitlines()[-1]) == {"loaded": [], "vllms_own": True}
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found == {"loaded": [], "compile_cache_off": False, "vllms_own": True}
 
 
 def test_switches() -> None:

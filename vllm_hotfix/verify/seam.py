@@ -443,6 +443,25 @@ def _on_loader_import(module: types.ModuleType) -> None:
         containment.report_error("verify: taps not armed", error)
 
 
+COMPILE_CACHE_VAR = "VLLM_DISABLE_COMPILE_CACHE"
+
+
+def _no_compile_cache() -> None:
+    """With the check on, vLLM must trace the model with the taps: its compile caches (the
+    ahead-of-time artifact is keyed on the forward and the config, not on hooks) could otherwise
+    serve a graph traced without them (every id `n/a`), and would store one with them for later
+    runs. Set before vLLM reads it (its envs are read lazily, and child processes inherit it); the
+    cost is a cold compile at start-up, only while the check is on."""
+    if os.environ.get(COMPILE_CACHE_VAR) != "1":
+        if os.environ.get(COMPILE_CACHE_VAR) not in (None, ""):
+            logger.warning(
+                "vllm-hotfix verify: %s=%r set to 1 while the check is on (a cached graph lacks the taps)",
+                COMPILE_CACHE_VAR,
+                os.environ[COMPILE_CACHE_VAR],
+            )
+        os.environ[COMPILE_CACHE_VAR] = "1"
+
+
 def arm() -> None:
     """Arm the check when VLLM_HOTFIX_VERIFY asks for it: a post-import hook per runner module."""
     global _hooked, _window
@@ -460,6 +479,7 @@ def arm() -> None:
             return
         _hooked = True
         _window = Window(found.steps)
+        _no_compile_cache()
         for module_name, class_name in RUNNERS:
             wrapt.register_post_import_hook(
                 lambda module, class_name=class_name: _on_import(module, class_name), module_name
