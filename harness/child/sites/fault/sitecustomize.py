@@ -13,9 +13,10 @@ VLLM_HOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the ch
 place this site reaches into vllm_hotfix: in the worker of that TP rank, the function of
 vllm_hotfix.verify.checks that runs STAGE (shapes, projection, float32, payload) raises
 (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`, a stalled rank), at its CALL-th call
-(default 1: the first checked step, whose exchange is the handshake; 2: a later step, whose
-exchange is the all-gather). The other ranks must then end with a clear verdict naming that rank,
-without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
+from check_step (default 1: the first checked step, whose exchange is the handshake; 2: a later
+step, whose exchange is the all-gather). Calls from elsewhere (the taps build their projection at
+model load) are not counted, so CALL is the checked step. The other ranks must then end with a
+clear verdict naming that rank, without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
 """
 
 import os
@@ -73,9 +74,12 @@ if CHECK_FAULT:
         calls = []
 
         def planted(*args, **kwargs):
+            import sys
+
             from vllm.distributed.parallel_state import get_tp_group
 
-            if get_tp_group().rank_in_group == int(CHECK_RANK):
+            from_step = sys._getframe(1).f_code.co_name == "check_step"
+            if from_step and get_tp_group().rank_in_group == int(CHECK_RANK):
                 calls.append(1)
                 if len(calls) == CHECK_CALL:
                     if CHECK_KIND == "raise":
