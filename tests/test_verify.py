@@ -203,11 +203,6 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
 RAISE_AT_STEP_2 = "1:projection:raise@2"
 
 
-@pytest.mark.xfail(
-    reason="open (issue 28): fails since the merge with the command's and the per-id changes; see"
-    " docs/development.md and the session note; fix, then remove this mark",
-    strict=False,
-)
 def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps_serving(verify) -> None:
     run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2)
     assert run["code"] == 2, _describe(run)  # UNKNOWN: the check could not complete
@@ -223,11 +218,6 @@ def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps
         assert report["removed_after_window"] is True  # vLLM's own execute_model is back
 
 
-@pytest.mark.xfail(
-    reason="open (issue 28): fails since the merge with the command's and the per-id changes; see"
-    " docs/development.md and the session note; fix, then remove this mark",
-    strict=False,
-)
 def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> None:
     """Rank 1 sleeps 40 s in its check at the second step; the deadline is 10 s."""
     run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT="1:projection:sleep=40@2", VLLM_HOTFIX_VERIFY_TIMEOUT="10")
@@ -244,15 +234,12 @@ def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> 
     )
 
 
-@pytest.mark.xfail(
-    reason="open (issue 28): fails since the merge with the command's and the per-id changes; see"
-    " docs/development.md and the session note; fix, then remove this mark",
-    strict=False,
-)
 def test_tp2_strict_stops_on_every_rank_with_the_reason(verify) -> None:
     run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2, VLLM_HOTFIX_STRICT="1")
-    assert "vLLM stopped with an error" in run["stdout"], _describe(run)
+    assert run["code"] == 2, _describe(run)  # the check's UNKNOWN, not 3: the stop is strict mode's
+    assert "strict mode stopped vLLM" in run["stdout"], _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["UNKNOWN", "UNKNOWN"], _describe(run)
+    assert [r["stops_run"] for r in run["reports"]] == [True, True], _describe(run)
     raised = re.findall(
         r"VerifyError: vllm-hotfix verify pid=\d+ rank=(\d)/2 .*rank 1 at projection", run["log"]
     )

@@ -104,6 +104,20 @@ def test_a_fail_is_a_fail_even_when_vllm_then_stops() -> None:
     assert judge([worker(0, 2, "FAIL")], RUN, World(2)).exit_code == 1  # even with a rank missing
 
 
+def test_an_unknown_that_strict_mode_stopped_on_stays_unknown() -> None:
+    """Strict mode ends vLLM after an incomplete check: exit 2 (the check's verdict), not 3."""
+    note = "the check could not complete: rank 1 at projection: RuntimeError: planted"
+    reports = [worker(r, 2, "UNKNOWN", steps=2, note=note, stops_run=True) for r in (0, 1)]
+    error = "vLLM failed while generating: EngineDeadError: engine core died"
+    done = judge(reports, RUN, World(2), error=error)
+    assert (done.verdict, done.exit_code, done.error) == ("UNKNOWN", 2, error)
+    assert done.reason.startswith("rank 0 (pid 100): UNKNOWN (the check could not complete: rank 1")
+    assert done.reason.endswith(f"; then strict mode stopped vLLM: {error}")
+    # without the workers' word that they stopped it, vLLM's error is vLLM's: exit 3
+    unflagged = [worker(r, 2, "UNKNOWN", steps=2, note=note) for r in (0, 1)]
+    assert judge(unflagged, RUN, World(2), error=error).exit_code == 3
+
+
 def test_unknown_and_skipped_workers_are_nothing_checked() -> None:
     assert judge([worker(verdict="UNKNOWN", steps=0)], RUN, World(1)).exit_code == 2
     skipped = judge([worker(verdict="SKIPPED", steps=0, note="skipped: no aux states")], RUN, World(1))

@@ -4,8 +4,10 @@ A run PASSes only when every worker process the engine arguments imply reported,
 id, a window that ran to its end and passed. A report of another run (a stale file in the report
 directory) never counts; a missing rank, a window cut short, an error in a rank's check or a
 failed exchange make the run UNKNOWN; a FAIL anywhere is a FAIL, even if vLLM stopped afterwards
-(the bug's own crash, strict mode). When vLLM or the command failed and no FAIL was seen, the exit
-code is 3 whatever the reports say.
+(the bug's own crash, strict mode). An UNKNOWN after which the workers' strict mode stopped vLLM
+(their reports say `stops_run`) stays UNKNOWN, exit 2: the stop is the check's, not vLLM's failure.
+Otherwise, when vLLM or the command failed and no FAIL was seen, the exit code is 3 whatever the
+reports say.
 """
 
 from __future__ import annotations
@@ -110,6 +112,12 @@ def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str |
                 f" not {world.tensor_parallel}"
             )
         problems += _problems_of(report)
+    if error is not None and any(r.get("stops_run") for r in ours):
+        # the check's own strict stop (VLLM_HOTFIX_STRICT=1), not a failure of vLLM: its verdict stands
+        reason = (problems[0] if problems else "the check could not complete") + (
+            f"; then strict mode stopped vLLM: {error}"
+        )
+        return Outcome(UNKNOWN, EXIT_UNKNOWN, reason, ours, ignored, problems, error)
     if error is not None:
         return Outcome(UNKNOWN, EXIT_ERROR, error, ours, ignored, problems, error)
     if not ours:

@@ -289,6 +289,8 @@ def _finish(note: str | None = None) -> None:
             from vllm_hotfix.fixes import ALL_FIXES
 
             window.hint = hint(window.context.model_module, engine.records(), ALL_FIXES)
+        incomplete = any(not check.complete for check in window.checks)
+        window.stops_run = (window.verdict == FAIL or incomplete) and containment.strict_requested()
         line = window.line()
         level = logging.INFO if window.verdict in (PASS, "SKIPPED") else logging.ERROR
         logger.log(level, line)
@@ -298,8 +300,7 @@ def _finish(note: str | None = None) -> None:
                 window.write_report(found.report_dir)
             except OSError as error:
                 logger.warning("vllm-hotfix verify: report not written to %s: %s", found.report_dir, error)
-    incomplete = any(not check.complete for check in window.checks)
-    if (window.verdict == FAIL or incomplete) and containment.strict_requested():
+    if window.stops_run:
         # every rank read the same exchange: all of them raise here, at the same step
         raise VerifyError(f"{line} ({containment.STRICT_VAR}=1 stops the run)")
 

@@ -46,6 +46,7 @@ class Window:
     note: str | None = None  # why nothing was checked (UNKNOWN or SKIPPED), or an error
     hint: str | None = None
     removed: bool = False  # the wrapper was taken out of the runner after the window
+    stops_run: bool = False  # strict mode raises VerifyError into vLLM after this report
 
     def add(self, check: StepCheck) -> bool:
         """Record a step; True when the window is over (enough steps, a failure, or a step that
@@ -125,6 +126,7 @@ class Window:
             "note": self.note,
             "hint": self.hint,
             "removed_after_window": self.removed,
+            "stops_run": self.stops_run,
         }
 
     def line(self) -> str:
