@@ -57,7 +57,6 @@ from tp_model import (  # this script's directory is on sys.path
     graphs_per_variant,
     import_with_placeholder_ops,
     model_facts,
-    planted_forward,
     rank_parser,
     rank_record,
     states_per_variant,
@@ -250,16 +249,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             )
             gpu = {}
             if args.gpu_norms:
-                planted = {label: planted_forward(forward, *edit) for label, edit in PLANTED.items()}
+                gpu_variants = parse_variants(args.gpu_variants)
                 gpu = gpu_norm_states(
                     model,
-                    parse_variants(args.gpu_variants),
-                    {**functions, **{label: f for label, f in planted.items() if f is not None}},
-                    lambda n: (ids[:n], positions[:n], *extra),
-                    lambda n: functools.partial(forward_step, vllm_config, n),
+                    vllm_config,
+                    gpu_variants,
+                    functions,
+                    forward,
+                    PLANTED,
+                    inputs,
                     all_reduces,
                     args.gpu_norms,
-                    (len(PROMPT), SHORT_PROMPT),
+                    SHORT_PROMPT,
                 )
         both = {"stock": stock, "patched": forward}
         graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)

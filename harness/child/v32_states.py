@@ -240,7 +240,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         gpu_norm_states,
         graphs_per_variant,
         model_facts,
-        planted_forward,
         rank_record,
         states_per_variant,
         tp_groups,
@@ -288,16 +287,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
             gpu = {}
             if args.gpu_norms:
-                planted = {label: planted_forward(forward, *edit) for label, edit in PLANTED.items()}
+                gpu_variants = parse_variants(args.gpu_variants)
                 gpu = gpu_norm_states(
                     model,
-                    parse_variants(args.gpu_variants),
-                    {**functions, **{label: f for label, f in planted.items() if f is not None}},
-                    lambda n: (ids[:n], positions[:n]),
-                    lambda n: functools.partial(forward_step, vllm_config, n),
+                    vllm_config,
+                    gpu_variants,
+                    functions,
+                    forward,
+                    PLANTED,
+                    inputs,
                     all_reduces,
                     args.gpu_norms,
-                    (len(PROMPT), SHORT_PROMPT),
+                    SHORT_PROMPT,
                 )
         timings = {}
         for variant in parse_variants(args.bench_variants) if args.bench else ():
