@@ -211,3 +211,12 @@ def test_a_final_norm_that_raises_is_reported_not_raised() -> None:
     done = check_step(states, states[1], [1, 4], 3, 16, None, 1, broken)
     assert done.ok and done.final_ok is None
     assert done.final_error == "the final norm could not be applied: RuntimeError: no kernel"
+
+
+def test_a_line_without_a_note_prints_no_placeholder() -> None:
+    """A window that ends without a note says nothing in its place (it printed "(None)")."""
+    from vllm_hotfix.verify.window import Window
+
+    assert Window(8).line().endswith("verdict=UNKNOWN")
+    skipped = Window(8, note="skipped: no aux states")
+    assert skipped.line().endswith("verdict=SKIPPED (skipped: no aux states)")

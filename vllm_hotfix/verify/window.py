@@ -132,13 +132,14 @@ class Window:
     def line(self) -> str:
         s = self.summary()
         head = f"vllm-hotfix verify pid={s['pid']}"
-        if self.context is None:
-            return f"{head} verdict={s['verdict']} ({self.note})"
+        why = f" ({self.note})" if self.note else ""
+        if self.context is None:  # nothing reached a model step (or a harness made the window)
+            return f"{head} verdict={s['verdict']}{why}"
         ctx = self.context
         ids = "[" + ",".join(map(str, ctx.ids)) + "]"
         parts = [head, f"rank={ctx.rank}/{ctx.world}", f"model={ctx.model}", f"ids={ids}"]
         if not self.checks:
-            parts.append(f"verdict={s['verdict']} ({self.note})")
+            parts.append(f"verdict={s['verdict']}{why}")
             return " ".join(parts)
         if s["verdict"] == UNKNOWN and not all(c.complete for c in self.checks):
             parts += [f"steps={s['steps']}", f"verdict={s['verdict']} ({self.note})"]
