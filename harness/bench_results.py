@@ -38,6 +38,23 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/site_hook.py",
         "benchmarks/startup.py",
     ),
+    "v32_tp_cost": (
+        "vllm_hotfix/fixes/aux_capture.py",
+        "vllm_hotfix/fixes/deepseek_v32_final_aux.py",
+        "vllm_hotfix/codegen.py",
+        "harness/child/v32_states.py",
+        "harness/child/tp_model.py",
+        "benchmarks/v32_tp_cost.py",
+    ),
+    "verify_cost": (
+        "vllm_hotfix/verify/checks.py",
+        "vllm_hotfix/verify/exchange.py",
+        "vllm_hotfix/verify/reference.py",
+        "vllm_hotfix/verify/seam.py",
+        "vllm_hotfix/verify/taps.py",
+        "vllm_hotfix/verify/window.py",
+        "benchmarks/verify_cost.py",
+    ),
 }
 
 
