@@ -247,21 +247,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             results = states_per_variant(
                 model, parse_variants(args.variants), functions, inputs, step, all_reduces
             )
-            gpu = {}
-            if args.gpu_norms:
-                gpu_variants = parse_variants(args.gpu_variants)
-                gpu = gpu_norm_states(
-                    model,
-                    vllm_config,
-                    gpu_variants,
-                    functions,
-                    forward,
-                    PLANTED,
-                    inputs,
-                    all_reduces,
-                    args.gpu_norms,
-                    SHORT_PROMPT,
-                )
+            gpu = gpu_norm_states(
+                model, vllm_config, args, functions, forward, PLANTED, inputs, all_reduces, SHORT_PROMPT
+            )
         both = {"stock": stock, "patched": forward}
         graphs = graphs_per_variant(model, args.graph_variants, both, inputs, step)
         verified = verify_variants(model, args, functions, inputs, step)

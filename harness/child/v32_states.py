@@ -285,21 +285,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         with torch.no_grad():
             variants = parse_variants(args.variants)
             results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
-            gpu = {}
-            if args.gpu_norms:
-                gpu_variants = parse_variants(args.gpu_variants)
-                gpu = gpu_norm_states(
-                    model,
-                    vllm_config,
-                    gpu_variants,
-                    functions,
-                    forward,
-                    PLANTED,
-                    inputs,
-                    all_reduces,
-                    args.gpu_norms,
-                    SHORT_PROMPT,
-                )
+            gpu = gpu_norm_states(
+                model, vllm_config, args, functions, forward, PLANTED, inputs, all_reduces, SHORT_PROMPT
+            )
         timings = {}
         for variant in parse_variants(args.bench_variants) if args.bench else ():
             model.aux_hidden_state_layers = variant
