@@ -142,7 +142,7 @@ class Window:
             parts.append(f"verdict={s['verdict']}{why}")
             return " ".join(parts)
         if s["verdict"] == UNKNOWN and not all(c.complete for c in self.checks):
-            parts += [f"steps={s['steps']}", f"verdict={s['verdict']} ({self.note})"]
+            parts += [f"steps={s['steps']}", f"verdict={s['verdict']}{why}"]
             return " ".join(parts)
         agree = s["ranks_agree"]
         where = f" at id {agree['worst_id']}" if not agree["ok"] and agree["worst_id"] is not None else ""

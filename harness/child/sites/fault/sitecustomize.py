@@ -20,6 +20,7 @@ clear verdict naming that rank, without waiting past the deadline (VLLM_HOTFIX_V
 """
 
 import os
+import sys
 
 FAULT = os.environ.get("VLLM_HOTFIX_TEST_FAULT")
 
@@ -74,8 +75,6 @@ if CHECK_FAULT:
         calls = []
 
         def planted(*args, **kwargs):
-            import sys
-
             from vllm.distributed.parallel_state import get_tp_group
 
             from_step = sys._getframe(1).f_code.co_name == "check_step"
