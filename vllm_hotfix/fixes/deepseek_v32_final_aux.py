@@ -71,7 +71,7 @@ LAYER_INPUT_NORM = (
 )
 FINAL_STATE = "final_state"  # the final fused norm's second output, kept instead of `_`
 FIRST_AFFECTED = {"nvidia": "0.25.0", "amd": "0.27.0"}  # the first releases with these files
-LAST_CHECKED = "0.33.0"  # the newest release whose source was read
+LAST_CHECKED = "0.34.0"  # the newest release whose source was read
 
 # The conditions under which vLLM's final norm takes its sequence-parallel (already reduced) branch,
 # each checked against the decoder layer of the releases that use it (module docstring).

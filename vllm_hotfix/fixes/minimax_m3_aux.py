@@ -1,5 +1,5 @@
 """MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py,
-vLLM 0.24.0+). Not fixed upstream.
+vLLM 0.24.0-0.33.0). Fixed upstream in vLLM 0.34.0.
 
 The nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN output
 un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm: the next layer's
@@ -35,6 +35,12 @@ exactly where vLLM's next norm reduces, and nothing else:
   stock makes that copy (0.32.0+), id 0 is left as it is.
 Where vLLM already reduced (pipeline parallelism > 1: `reduce_results=True`, nothing deferred) both
 conditions are False and the states are stock's. The model's output is never touched.
+
+vLLM 0.34.0 fixed it (recognised as `fixed upstream`, `captures_after_norms`): the decoder layer is
+split into `forward_input_norm` / `forward_after_input_norm`, and the loop captures id k as
+`residual.clone()` right after layer k's input norm, where the deferred all-reduce completes; the
+final id is the final norm's second output, cloned; id 0 is a clone. No partial sums, no added
+collective.
 """
 
 from __future__ import annotations
@@ -66,7 +72,18 @@ ENTRY_REASON = (
     " the in-place Gemma norms overwrite)"
 )
 FIRST_AFFECTED = "0.24.0"
-LAST_CHECKED = "0.33.0"
+LAST_AFFECTED = "0.33.0"
+FIXED_IN = "0.34.0"
+# vLLM 0.34.0's fixed shape: id k read from the residual that layer k's input norm returns (the norm
+# that completes the deferred all-reduce), the final id from the final norm's second output, cloned.
+INPUT_NORM = "hidden_states, residual = layer.forward_input_norm(hidden_states, residual)"
+CLONED_CAPTURE = "aux_hidden_states.append(residual.clone())"
+LOOP_CAPTURE_TEST = "idx in self.aux_hidden_state_layers"
+FINAL_CAPTURE_TEST = "self.end_layer in self.aux_hidden_state_layers"
+FINAL_NORMS = (
+    "hidden_states, residual = fused_allreduce_gemma_rms_norm(hidden_states, residual, self.norm)",
+    "hidden_states, residual = self.norm(hidden_states, residual)",
+)
 
 REDUCE = "tensor_model_parallel_all_reduce"
 WORLD_SIZE = "get_tensor_model_parallel_world_size"
@@ -107,6 +124,51 @@ def captures_reduced(function: ast.FunctionDef) -> bool:
     if not per_layer or not all(_calls(c.args[2], REDUCE) for c in per_layer):
         return False
     return bool(final) or not contains_code(function, FUSED_FINAL_TEST)
+
+
+def _captures_cloned_residual(node: ast.stmt, test: str) -> bool:
+    """`if <test ...>: aux_hidden_states.append(residual.clone())` (the test may add more clauses)."""
+    return (
+        isinstance(node, ast.If)
+        and contains_code(node.test, test)
+        and len(node.body) == 1
+        and same_code(node.body[0], CLONED_CAPTURE)
+        and not node.orelse
+    )
+
+
+def _is_final_norm(node: ast.stmt) -> bool:
+    """The final norm keeping its second output (`hidden_states, residual = ...`), fused or not."""
+    if any(same_code(node, norm) for norm in FINAL_NORMS):
+        return True
+    return (
+        isinstance(node, ast.If)
+        and same_code(node.test, FUSED_FINAL_TEST)
+        and len(node.body) == 1
+        and len(node.orelse) == 1
+        and same_code(node.body[0], FINAL_NORMS[0])
+        and same_code(node.orelse[0], FINAL_NORMS[1])
+    )
+
+
+def captures_after_norms(function: ast.FunctionDef) -> bool:
+    """vLLM 0.34.0's fixed shape: in the layer loop, `layer.forward_input_norm(...)` then the cloned
+    residual it returns captured for id `idx`, and no other capture in the loop; after the loop, the
+    final norm keeping its second output, then that output cloned for id `self.end_layer`."""
+    loops = [s for s in function.body if isinstance(s, ast.For)]
+    in_loop = False
+    for loop in loops:
+        norms = [j for j, s in enumerate(loop.body) if same_code(s, INPUT_NORM)]
+        captures = [j for j, s in enumerate(loop.body) if _captures_cloned_residual(s, LOOP_CAPTURE_TEST)]
+        stale = _calls(loop, ADD_STATE)  # no per-layer capture of the old kind left in the loop
+        if len(norms) == 1 and len(captures) == 1 and captures[0] == norms[0] + 1 and not stale:
+            in_loop = True
+    body = function.body
+    final = any(
+        _is_final_norm(body[i]) and _captures_cloned_residual(body[i + 1], FINAL_CAPTURE_TEST)
+        for i in range(len(body) - 1)
+    )
+    return in_loop and final
 
 
 class Shape:
@@ -175,9 +237,12 @@ class MiniMaxM3Aux(Fix):
     module = "vllm.models.minimax_m3.nvidia.model"
     owner = "MiniMaxM3Model"
     attribute = "forward"
-    affected = (FIRST_AFFECTED, LAST_CHECKED)
-    fixed_in = None
-    upstream = f"not fixed upstream as of vLLM {LAST_CHECKED}"
+    affected = (FIRST_AFFECTED, LAST_AFFECTED)
+    fixed_in = FIXED_IN
+    upstream = (
+        f"vLLM {FIXED_IN} (each id captured as the cloned residual its layer's input norm returns,"
+        " after the deferred all-reduce)"
+    )
     related = (module,)  # the decoder layer's input norm, read to confirm which norm reduces
     absent = Decision.NOT_AFFECTED  # before vLLM 0.24.0 there is no MiniMax-M3 file
     architectures = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
@@ -187,6 +252,12 @@ class MiniMaxM3Aux(Fix):
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        if captures_after_norms(function):
+            return Probe(
+                Decision.FIXED_UPSTREAM,
+                "forward captures each id as the cloned residual its layer's input norm (or the final"
+                " norm) returns, where the deferred all-reduce completes",
+            )
         if not _calls(function, ADD_STATE):
             return Probe(Decision.NOT_AFFECTED, "forward collects no aux hidden states")
         if captures_reduced(function):
