@@ -9,6 +9,12 @@ the text of each module in `fix.related`. Files are named by content (`<fix_id>/
 so a source that several releases share is stored once; `index.json` says which release has which.
 tests/test_stored_sources.py runs every probe on them offline. `--check` writes nothing and exits 1
 when the stored sources are not what PyPI has now.
+
+This is the maintainer's command for a new upstream release (docs/releasing.md): it records every
+release PyPI has now, prints what changed (releases added, removed, or whose stored inputs changed),
+then regenerates the compatibility table from the new snapshot (scripts/update_compat_table.py,
+which prints the table's changed lines). The network tests judge strictly only recorded releases
+(tests/recorded.py), so until this is run a new release is reported, not failed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
 from vllm_hotfix import releases  # noqa: E402
 from vllm_hotfix.fixes import ALL_FIXES, Fix  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import update_compat_table  # noqa: E402
 
 SOURCES_DIR = os.path.join(ROOT, "tests", "sources")
 INDEX = "index.json"
@@ -130,6 +139,16 @@ def collect(
     return index, files
 
 
+def used_files(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The stored files (paths relative to tests/sources/) that `rows` refer to."""
+    used = set()
+    for row in rows:
+        for fix_id, entry in row.get("fixes", {}).items():
+            digests = [entry["function"], *entry["related"].values()]
+            used |= {f"{fix_id}/{name}{SUFFIX}" for name in digests if name is not None}
+    return used
+
+
 def render_index(index: Mapping[str, Any]) -> str:
     """JSON with one line per release, so a refresh's diff shows which releases changed."""
     head = {key: value for key, value in index.items() if key != "releases"}
@@ -168,11 +187,22 @@ def write(index: Mapping[str, Any], files: Mapping[str, str], root: str = SOURCE
             os.rmdir(folder)
 
 
+def changes(before: str | None, after: Mapping[str, Any]) -> list[str]:
+    """One line per release added, removed, or whose stored inputs changed, between two indexes."""
+    old = {(r["dist"], r["version"]): r for r in (json.loads(before)["releases"] if before else [])}
+    new = {(r["dist"], r["version"]): r for r in after["releases"]}
+    lines = [f"added: {d} {v}" for d, v in new if (d, v) not in old]
+    lines += [f"removed: {d} {v}" for d, v in old if (d, v) not in new]
+    lines += [f"changed: {d} {v}" for d, v in new if (d, v) in old and old[d, v] != new[d, v]]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=SOURCES_DIR, help="the stored sources' folder")
     parser.add_argument("--workers", type=int, default=8, help="wheels read in parallel (default 8)")
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 if out of date")
+    parser.add_argument("--no-table", action="store_true", help="do not regenerate the table after")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -190,8 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.out} is out of date: run scripts/refresh_sources.py", file=sys.stderr)
             return 1
         return 0
+    before, _ = stored(args.out)
     write(index, files, args.out)
-    return 0
+    for line in changes(before, index) or ["no release added, removed or changed"]:
+        print(line, file=sys.stderr)
+    if args.no_table:
+        return 0
+    return update_compat_table.main([])
 
 
 if __name__ == "__main__":

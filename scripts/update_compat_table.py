@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Regenerate docs/verification.md's compatibility table from the probes' verdicts on every PyPI release.
+"""Regenerate docs/verification.md's compatibility table from the probes' verdicts on every release
+recorded in tests/sources/index.json (the snapshot scripts/refresh_sources.py writes, and calls this
+after): a release published since is listed as not recorded, never put in the table, so the table
+and the tests that hold it (tests/test_releases_table.py) move only when a maintainer records it.
 
 Only the text between `<!-- compat-table:start -->` and `<!-- compat-table:end -->` is replaced.
 Refuses to write when a wheel could not be read, so a network failure never lands in the table.
-`--check` writes nothing and exits 1 when the committed table is out of date (for CI).
+`--check` writes nothing and exits 1 when the committed table is out of date. Prints the table's
+changed lines, so a refresh shows which verdicts a new release brought.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import os
 import sys
 import time
@@ -19,6 +25,14 @@ sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
 from vllm_hotfix import releases  # noqa: E402
 from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
+
+INDEX = os.path.join(ROOT, "tests", "sources", "index.json")
+
+
+def recorded(index_path: str = INDEX) -> set[tuple[str, str]]:
+    """The (dist, version) pairs the stored sources record."""
+    with open(index_path, encoding="utf-8") as handle:
+        return {(row["dist"], row["version"]) for row in json.load(handle)["releases"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,10 +58,21 @@ def main(argv: list[str] | None = None) -> int:
     if any(row.error for row in rows):
         print(f"some wheels could not be read: {args.doc} left unchanged", file=sys.stderr)
         return 2
+    known = recorded()
+    new = [row for row in rows if (row.dist, row.version) not in known]
+    rows = [row for row in rows if (row.dist, row.version) in known]
+    for row in new:
+        print(f"not recorded (run scripts/refresh_sources.py): {row.dist} {row.version}", file=sys.stderr)
     for line in releases.unknowns(rows):
         print(f"warning: unknown verdict: {line}", file=sys.stderr)
 
-    updated = releases.with_table(text, releases.markdown_table(rows, releases.all_probes()))
+    table = releases.markdown_table(rows, releases.all_probes())
+    updated = releases.with_table(text, table)
+    old = releases.table_in(text).strip().splitlines()
+    for line in difflib.unified_diff(
+        old, table.strip().splitlines(), "table before", "table now", n=0, lineterm=""
+    ):
+        print(line, file=sys.stderr)
     return write_or_check(
         Path(args.doc), text, updated, what="the compatibility table", check=args.check, script=__file__
     )

@@ -14,6 +14,7 @@ from harness.child.cpu_kernels import describe_cpu
 from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import TestEnv
 from tests.network import network_unavailable
+from tests.recorded import HEADING, report_new, split, summary_lines
 
 
 @pytest.fixture(scope="session")
@@ -104,14 +105,27 @@ def pypi_indexes() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def pypi_rows(pypi_indexes: dict[str, Any]) -> list[Any]:
-    """Every release on PyPI classified by every registered probe (wheels cached on disk)."""
+    """Every release on PyPI that the stored sources record, classified by every registered probe
+    (wheels cached on disk); newer releases are classified too and reported (tests/recorded.py)."""
     from vllm_hotfix import releases
 
     rows = releases.classify_all(index=pypi_indexes.__getitem__)
     failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]
     if failed:
         network_unavailable("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
-    return rows
+    known, new = split(rows, lambda row: (row.dist, row.version))
+    report_new(f"{row.dist} {row.version} ({_verdicts(row)})" for row in new)
+    return known
+
+
+def _verdicts(row: Any) -> str:
+    """A new release's verdicts in a few words, each `unknown` with its reason."""
+    if row.skipped or row.error:
+        return f"skipped: {row.skipped or row.error}"
+    return ", ".join(
+        f"{o.fix_id}: {o.verdict.value}" + (f" ({o.reason})" if o.verdict.value == "unknown" else "")
+        for o in row.outcomes
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -127,6 +141,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wrong.append(f"{item.nodeid}: runs vLLM's engine but is not marked `engine`")
     if wrong:
         raise pytest.UsageError("test markers do not match what the tests need:\n" + "\n".join(wrong))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """New upstream releases, in a section of their own: a warning alone is easy to miss, and they
+    are what the maintainer must record next (tests/recorded.py). Works under xdist: the workers'
+    warnings reach the controller's reports."""
+    reports = terminalreporter.stats.get("warnings", [])
+    lines = summary_lines(str(getattr(report, "message", "")) for report in reports)
+    if lines:
+        terminalreporter.section(HEADING, sep="!", yellow=True, bold=True)
+        for line in lines:
+            terminalreporter.line(line, yellow=True)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
