@@ -115,3 +115,41 @@ def test_the_check_says_why_it_cannot_tap_minimax_m3_0_34() -> None:
     for vendor in ("nvidia", "amd"):
         v32 = case(_fix(f"deepseek-v32-final-aux-{vendor}"), "vllm", RELEASE)
         assert v32.function is not None and split_layer_reason(v32.function, "DeepseekV32Model") is None
+
+
+def test_a_model_whose_forward_calls_layer_halves_gets_that_reason_at_attach() -> None:
+    """The wiring: `taps.attach` reads the holder's forward and gives every id the reason."""
+    torch = pytest.importorskip("torch")
+    from vllm_hotfix.verify import taps
+
+    class Layer(torch.nn.Module):
+        def first(self, hidden_states, residual):
+            return hidden_states, hidden_states if residual is None else hidden_states + residual
+
+        def forward(self, hidden_states, residual):
+            return hidden_states * 2, residual
+
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Layer() for _ in range(2))
+            self.aux_hidden_state_layers = (1, 2)
+
+        def forward(self, x):
+            residual = None
+            for layer in self.layers:
+                x, residual = layer.first(x, residual)
+            return x
+
+    class Whole(Split):
+        def forward(self, x):
+            residual = None
+            for layer in self.layers:
+                x, residual = layer(x, residual)
+            return x
+
+    split = taps.attach(Split(), hidden_size=4, max_tokens=8)
+    whole = taps.attach(Whole(), hidden_size=4, max_tokens=8)
+    assert split is not None and whole is not None
+    assert set(split.forms) == {1, 2} and all("(first)" in why for why in split.forms.values())
+    assert whole.forms == {}
