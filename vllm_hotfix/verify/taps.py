@@ -242,7 +242,7 @@ def split_layer_reason(forward_source: str, owner: str) -> str | None:
 def _bypassed(holder: Any) -> str | None:
     try:
         return split_layer_reason(inspect.getsource(type(holder).forward), type(holder).__name__)
-    except (OSError, TypeError, SyntaxError):  # no source to read: the hooks are the only evidence
+    except Exception:  # no source to read (or not parsable): the hooks are the only evidence
         return None
 
 
