@@ -13,6 +13,7 @@ import pytest
 from harness.child.cpu_kernels import describe_cpu
 from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import TestEnv
+from tests import suite_time
 from tests.network import network_unavailable
 
 
@@ -112,6 +113,10 @@ def pypi_rows(pypi_indexes: dict[str, Any]) -> list[Any]:
     if failed:
         network_unavailable("wheels on PyPI's file host cannot be read: " + "; ".join(failed[:3]))
     return rows
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    suite_time.register(config)  # the wall time at the end of every run, loud past 60 min
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
