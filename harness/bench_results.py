@@ -32,9 +32,6 @@ BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32
 SOURCES: dict[str, tuple[str, ...]] = {
     "startup": (
         "vllm_hotfix/__init__.py",
-        "vllm_hotfix/_arming.py",
-        "vllm_hotfix/_version.py",
-        "vllm_hotfix/containment.py",
         "vllm_hotfix/site_hook.py",
         "benchmarks/startup.py",
     ),

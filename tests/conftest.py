@@ -13,6 +13,7 @@ import pytest
 from harness.child.cpu_kernels import describe_cpu
 from harness.child.tiny_checkpoint import build as build_checkpoint
 from harness.testenv import TestEnv
+from tests import suite_time
 from tests.network import network_unavailable
 from tests.recorded import HEADING, report_new, split, summary_lines
 
@@ -126,6 +127,10 @@ def _verdicts(row: Any) -> str:
         f"{o.fix_id}: {o.verdict.value}" + (f" ({o.reason})" if o.verdict.value == "unknown" else "")
         for o in row.outcomes
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    suite_time.register(config)  # the wall time at the end of every run, loud past 60 min
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -118,7 +118,7 @@ def reported(done: subprocess.CompletedProcess[str]) -> bool:
 CASES = _cases()
 # Where errors are contained and what is loaded before anything can be: a way that left one of
 # them out of its cases would leave its breakage untested.
-ALWAYS_LOADED = ("__init__.py", "_arming.py", "containment.py", "_version.py", "engine.py", "decide.py")
+ALWAYS_LOADED = ("__init__.py", "containment.py", "_version.py", "engine.py", "decide.py")
 
 
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
@@ -178,7 +178,7 @@ def test_the_intact_copy_patches_through_every_way(work: Path) -> None:
 @pytest.mark.vllm
 def test_a_broken_settings_module_never_breaks_the_real_vllm(testenv: TestEnv, tmp_path: Path) -> None:
     """On the real vLLM, the launch-script import and the plugin (both installed): settings.py
-    raising at import once made `import vllm` itself raise, from _arming's error handler."""
+    raising at import once made `import vllm` itself raise, from the arming's error handler."""
     copy = tmp_path / "copy"
     stand_in_vllm.copy_hotfix(copy)
     with open(copy / "vllm_hotfix" / "settings.py", "a", encoding="utf-8") as handle:

@@ -4,10 +4,12 @@ and it is a leaf, so deciding whether an error may reach the host cannot fail wi
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
+import vllm_hotfix
 from harness.testenv import REPO
 from vllm_hotfix import containment, settings
 
@@ -32,16 +34,40 @@ def test_the_leaf_imports_nothing_from_the_package() -> None:
     assert {name.split(".")[0] for name in imported} <= {"__future__", "os", "sys", "collections"}, imported
 
 
-def test_the_error_policy_is_reached_through_the_leaf_not_the_trigger() -> None:
-    """No import circle: only the package's __init__ imports the trigger; the rest use the leaf."""
-    users = [
-        path.relative_to(PACKAGE).as_posix()
-        for path in PACKAGE.rglob("*.py")
-        if path.name != "__init__.py" or path.parent != PACKAGE
-        if {"vllm_hotfix._arming", "_arming"} & _imported(path)
-    ]
-    assert users == []
+def test_the_front_applies_the_leafs_policy_inline() -> None:
+    """The package's `__init__.py` arms before the leaf may be imported (the leaf may be what is
+    broken, and importing it at start-up would cost every Python process a module file), so it reads
+    the same switch with the same words; the rest of the package uses the leaf."""
+    assert vllm_hotfix._STRICT_VAR == containment.STRICT_VAR
+    assert vllm_hotfix._STRICT_WORDS == containment.STRICT_WORDS
+    assert "vllm_hotfix.containment" not in _imported(PACKAGE / "__init__.py")
     assert "vllm_hotfix.containment" in _imported(PACKAGE / "engine.py")
+
+
+@pytest.mark.parametrize("broken", ["arm raises", "engine unimportable"])
+def test_an_arming_error_is_one_line_unless_strict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], broken: str
+) -> None:
+    """What the trigger does at `import vllm` when arming fails, also when the package cannot be imported."""
+    if broken == "arm raises":
+        from vllm_hotfix import engine
+
+        monkeypatch.setattr(engine, "arm", lambda: _raise(RuntimeError("two\nlines")))
+        expected = "vllm-hotfix: not armed: RuntimeError: two lines\n"
+    else:
+        monkeypatch.delattr(vllm_hotfix, "engine", raising=False)
+        monkeypatch.setitem(sys.modules, "vllm_hotfix.engine", None)  # importing it raises ImportError
+        expected = (
+            "vllm-hotfix: not armed: ModuleNotFoundError:"
+            " import of vllm_hotfix.engine halted; None in sys.modules\n"
+        )
+    monkeypatch.setenv(containment.STRICT_VAR, "0")
+    vllm_hotfix._arm_engine()
+    assert capsys.readouterr().err == expected
+    monkeypatch.setenv(containment.STRICT_VAR, " On ")
+    with pytest.raises(RuntimeError if broken == "arm raises" else ImportError):
+        vllm_hotfix._arm_engine()
+    assert capsys.readouterr().err == ""
 
 
 def test_the_strict_check_agrees_with_settings() -> None:

@@ -2,28 +2,34 @@
 
 `import vllm_hotfix` arms every fix. It imports neither vllm nor torch (nor wrapt) until vLLM is
 imported; then each fix probes the loaded code and patches only the known buggy shape.
+
+This file is all that `import vllm_hotfix` and the site hook load before vLLM is imported: they
+run in every Python process of an environment with the hook, most of which never touch vLLM, and
+each module file more costs a lookup and a read in every one of them (benchmarks/startup.py). So
+the import trigger lives here, and the version (_version.py), the error policy (containment.py)
+and the engine are imported only when first needed. Nothing here imports beyond what a bare
+interpreter already has (os, sys): not even `__future__` or `typing` (tests/test_startup_imports.py).
 """
 
 import os as _os
 import sys as _sys
 
-__version__ = "unknown"  # replaced below, unless the install is broken
-
-try:
-    from vllm_hotfix import _arming
-    from vllm_hotfix._version import __version__
-except Exception as _error:  # a broken install must not break the host, unless strict
-    # VLLM_HOTFIX_STRICT read with nothing imported: _arming itself may be what is broken.
-    if _os.environ.get("VLLM_HOTFIX_STRICT", "").strip().lower() in ("1", "true", "yes", "on", "all"):
-        raise
-    _arming = None  # type: ignore[assignment]
-    try:
-        _message = f"{type(_error).__name__}: {_error}".replace("\n", " ")
-        _sys.stderr.write(f"vllm-hotfix: not armed: {_message}\n")
-    except Exception:
-        pass
-
 __all__ = ["__version__", "apply", "remove", "status"]
+
+_TRIGGER = "vllm"
+# containment.STRICT_VAR and STRICT_WORDS, read here with nothing imported: arming must not break
+# the host even when containment.py itself is what is broken (tests/test_containment.py compares them).
+_STRICT_VAR = "VLLM_HOTFIX_STRICT"
+_STRICT_WORDS = ("1", "true", "yes", "on", "all")
+
+
+def __getattr__(name: str) -> object:
+    """`__version__`, read from _version.py (the one place it is written) when first asked for."""
+    if name == "__version__":
+        from vllm_hotfix._version import __version__
+
+        return __version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def apply() -> list[dict[str, object]]:
@@ -49,5 +55,59 @@ def status() -> dict[str, object]:
     return report.process_status()
 
 
-if _arming is not None:
-    _arming.arm()  # raises only in strict mode
+class _VllmImportTrigger:
+    """A finder that finds nothing: it only notices the first import of `vllm` and arms the engine
+    (wrapt costs about 25 ms to import, so nothing waits on it before vLLM is imported)."""
+
+    fired = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname == _TRIGGER and not self.fired:
+            self.fired = True  # stays in sys.meta_path, inert: removing it mid-lookup is unsafe
+            _arm_engine()
+        return None
+
+
+def _verify_requested() -> bool:
+    """VLLM_HOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
+    return _os.environ.get("VLLM_HOTFIX_VERIFY", "").strip().lower() not in (
+        "",
+        "0",
+        "false",
+        "no",
+        "off",
+        "none",
+    )
+
+
+def _arm_engine() -> None:
+    """Arm the engine (and the check, if asked for); an error, even an import error of the policy
+    module itself, reaches the host only in strict mode: containment.py's policy, applied inline."""
+    try:
+        from vllm_hotfix import engine
+
+        engine.arm()
+        if _verify_requested():
+            from vllm_hotfix.verify import seam
+
+            seam.arm()
+    except Exception as error:
+        if _os.environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
+            raise
+        try:
+            message = f"{type(error).__name__}: {error}".replace("\n", " ")
+            _sys.stderr.write(f"vllm-hotfix: not armed: {message}\n")
+        except Exception:
+            pass
+
+
+def _arm() -> None:
+    """Arm now if vLLM is loaded, else install the import trigger once (the plugin calls it too)."""
+    if _TRIGGER in _sys.modules:
+        _arm_engine()
+        return
+    if not any(isinstance(finder, _VllmImportTrigger) for finder in _sys.meta_path):
+        _sys.meta_path.insert(0, _VllmImportTrigger())
+
+
+_arm()  # raises only in strict mode

@@ -20,20 +20,23 @@ PTH_NAME = "vllm_hotfix_site_hook.pth"
 MARKER = "# vllm-hotfix site hook"
 
 _TRUE = tuple(sorted(TRUE_WORDS - {""}))
-_CODE = (
-    # Once per process (a venv's lib64 symlink makes site read this file twice), and nothing at
-    # all when every fix is disabled.
-    "if not hasattr(sys, '_vllm_hotfix_site_hook') and"
-    f" os.environ.get({DISABLE_VAR!r}, '').strip().lower() not in {_TRUE!r}:\n"
-    " sys._vllm_hotfix_site_hook = True\n"
-    " try:\n"
-    "  import vllm_hotfix\n"
-    " except Exception as e:\n"
-    "  sys.stderr.write('vllm-hotfix: site hook skipped: %s: %s\\n' % (type(e).__name__, e))\n"
+_SEEN = "_vllm_hotfix_site_hook"  # set on sys: the hook ran in this process
+# Python compiles and runs the `.pth` line at every start-up, twice in a venv (Python 3.11's site
+# processes a venv's site-packages from site.venv() and again from site.main()). So the checks
+# are one expression, and the import, which needs `try`, is compiled by the inner exec only once
+# per process: never when every fix is disabled (benchmarks/startup.py measures the line).
+_TRY_IMPORT = (
+    "try:\n"
+    " import vllm_hotfix\n"
+    "except Exception as e:\n"
+    " sys.stderr.write('vllm-hotfix: site hook skipped: %s: %s\\n' % (type(e).__name__, e))\n"
 )
-PTH_TEXT = (
-    f"{MARKER} {__version__}; remove with: vllm-hotfix uninstall-site-hook\nimport os, sys; exec({_CODE!r})\n"
+_LINE = (
+    f"import os, sys; hasattr(sys, {_SEEN!r})"
+    f" or os.environ.get({DISABLE_VAR!r}, '').strip().lower() in {_TRUE!r}"
+    f" or setattr(sys, {_SEEN!r}, True) or exec({_TRY_IMPORT!r})"
 )
+PTH_TEXT = f"{MARKER} {__version__}; remove with: vllm-hotfix uninstall-site-hook\n{_LINE}\n"
 
 
 def default_site_dir() -> str:
