@@ -153,6 +153,12 @@ def emulated(threshold_tokens: int | None = None) -> Iterator[None]:
             setattr(module, name, value)
 
 
+def register() -> None:
+    """Register the in-place provider only, for a priority that vLLM's own config sets
+    (`kernel_config.ir_op_priority`, which a worker applies at start-up)."""
+    _in_place_provider()
+
+
 def install(threshold_tokens: int | None = None) -> None:
     """`emulated(threshold_tokens)` for the rest of the process (after the model module's import)."""
     _in_place_provider().set_default([PROVIDER, "native"])

@@ -70,8 +70,7 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v
     `v32`: a DeepSeek V3.2 checkpoint (architecture DeepseekV32ForCausalLM, model_type deepseek_v32,
     V32_SHAPES and V32_FIELDS, the indexer's weights), dense like the others."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     marker = os.path.join(out_dir, "tiny-checkpoint.json")
     recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 3, "gpu_mla": gpu_mla}
@@ -128,6 +127,17 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v
     if v32:
         _make_v32(out_dir, config, seed)
 
+    save_tokenizer(out_dir)
+    with open(marker, "w") as handle:
+        json.dump(recipe, handle)
+    return out_dir
+
+
+def save_tokenizer(out_dir: str) -> None:
+    """A word-level tokenizer over VOCAB ids (`w3` ... `w1023`), loadable by transformers 4 and 5."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     words = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
     tokenizer = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -142,9 +152,6 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v
     settings["tokenizer_class"] = "PreTrainedTokenizerFast"
     with open(tokenizer_config, "w") as handle:
         json.dump(settings, handle, indent=2)
-    with open(marker, "w") as handle:
-        json.dump(recipe, handle)
-    return out_dir
 
 
 def _make_v32(out_dir: str, config, seed: int) -> None:

@@ -1,0 +1,112 @@
+"""Id 0 (the embeddings) in vLLM's shared capture helper, `EagleModelMixin._maybe_add_hidden_state`
+(vllm/model_executor/models/interfaces.py, every release that has it; upstream has not fixed it).
+
+The helper appends `hidden_states + residual if residual is not None else hidden_states`: with
+`residual` None it appends the tensor itself. The models that use it (Llama and the models built on
+it, Qwen2/3, Qwen3-MoE, gpt-oss and about twenty more) capture id 0 before their layer loop with
+`residual` None on the first pipeline rank, so id 0 is the embedding tensor that layer 0 then keeps
+as its `residual`. Where a later norm adds into that residual in place (`RMSNorm(x, residual)` on
+CUDA dispatches to the in-place `fused_add_rms_norm` kernel), the captured id 0 (EAGLE3 drafter
+features, `extract_hidden_states` output) holds a later layer's running sum instead of the
+embeddings, with no error.
+
+The fix, derived from the installed helper, makes that branch a copy: `... else
+hidden_states.clone()`, inside the helper's own membership test, so the copy is made only for a
+requested id (for id 0, only when id 0 is requested). Requested ids with a residual are new
+tensors already (`hidden_states + residual`) and are unchanged; a caller that passes `residual`
+None for other ids (Granite, MuseGlimmer, Kimi K3's attention-residual blocks, this package's
+MiniMax-M3 final id) gets a copy of the same values. A helper that already copies (`.clone()` of
+`hidden_states`) is `fixed upstream`. Models that override the helper without calling the mixin's
+(Qwen3.5 in vLLM 0.34.0 clones id 0 itself) are not touched by this fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Mapping
+
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+
+MEMBERSHIP = "layer_idx in self.aux_hidden_state_layers"
+VALUE = "value = hidden_states + residual if residual is not None else hidden_states"
+APPEND = "aux_hidden_states.append(value)"
+RETURN = "return aux_hidden_states"
+COPY = "hidden_states.clone()"
+PARAMETERS = ("self", "aux_hidden_states", "layer_idx", "hidden_states", "residual")
+FIRST_AFFECTED = "0.18.0"  # the first release with the helper (tests/sources)
+LAST_AFFECTED = "0.34.0"
+
+
+class Shape:
+    """Where the known aliasing shape's parts are, or what is missing."""
+
+    def __init__(self, function: ast.FunctionDef) -> None:
+        self.missing: list[str] = []
+        self.value: ast.Assign | None = None
+        names = tuple(a.arg for a in function.args.args)
+        if names != PARAMETERS:
+            self.missing.append(f"the parameters {', '.join(PARAMETERS)} (found {', '.join(names)})")
+        body = function.body
+        tests = [s for s in body if isinstance(s, ast.If) and same_code(s.test, MEMBERSHIP)]
+        if len(tests) != 1 or tests[0].orelse:
+            self.missing.append(f"one `if {MEMBERSHIP}:` without an else")
+        else:
+            inner = tests[0].body
+            if len(inner) == 2 and same_code(inner[0], VALUE) and same_code(inner[1], APPEND):
+                self.value = inner[0]  # type: ignore[assignment]
+            else:
+                self.missing.append(f"`{VALUE}` then `{APPEND}` as that test's whole body")
+        if not body or not same_code(body[-1], RETURN):
+            self.missing.append(f"`{RETURN}` last")
+
+
+class SharedCaptureId0(Fix):
+    """EagleModelMixin._maybe_add_hidden_state: a requested state captured without a residual is a copy."""
+
+    fix_id = "shared-capture-id0"
+    title = "vLLM's shared capture helper returns id 0 (the embeddings) as a copy"
+    module = "vllm.model_executor.models.interfaces"
+    owner = "EagleModelMixin"
+    attribute = "_maybe_add_hidden_state"
+    affected = (FIRST_AFFECTED, LAST_AFFECTED)
+    fixed_in = None
+    upstream = "none yet (Qwen3.5's own override in vLLM 0.34.0 copies id 0; the shared helper does not)"
+    absent = Decision.NOT_AFFECTED  # releases before the helper capture no aux states through it
+
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        try:
+            function = self.parse_function(source)
+        except (SyntaxError, ValueError) as error:
+            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        if contains_code(function, COPY):
+            return Probe(
+                Decision.FIXED_UPSTREAM, f"the helper copies a state captured without a residual (`{COPY}`)"
+            )
+        shape = Shape(function)
+        if shape.missing:
+            return Probe(
+                Decision.UNKNOWN,
+                "not the known shape of the shared capture helper; missing: " + "; ".join(shape.missing),
+            )
+        return Probe(
+            Decision.PATCHED,
+            "with residual None the helper appends hidden_states itself: id 0 is the embedding tensor"
+            " layer 0 keeps as its residual, which an in-place fused add-RMSNorm (CUDA) overwrites;"
+            f" fixed: `{COPY}` for a requested id",
+        )
+
+    def transform_source(self, source: str) -> str:
+        text = textwrap.dedent(source)
+        shape = Shape(self.parse_function(text))
+        assert shape.value is not None and isinstance(shape.value.value, ast.IfExp)
+        alias = shape.value.value.orelse  # the bare `hidden_states` of the None branch
+        assert alias.end_lineno is not None and alias.end_col_offset is not None
+        lines = text.splitlines(keepends=True)
+        # One name on one line: replace it in place, every other character as it was.
+        assert alias.lineno == alias.end_lineno
+        line = lines[alias.lineno - 1].encode("utf-8")
+        start, end = alias.col_offset, alias.end_col_offset
+        lines[alias.lineno - 1] = (line[:start] + COPY.encode("utf-8") + line[end:]).decode("utf-8")
+        return "".join(lines)
