@@ -40,6 +40,7 @@ def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | N
         "steps": 8,
         "steps_wanted": 8,
         "note": None,
+        "coverage": {"ok": True, "ids": 2, "compared": [1, 2], "not_compared": []},
     }
     found.update(more)
     return found
@@ -83,6 +84,32 @@ def test_a_window_cut_short_is_not_a_pass() -> None:
     done = judge([short], RUN, World(1))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
     assert "the window was cut short, 3 of 8 steps checked" in done.reason
+
+
+def test_an_id_not_compared_is_not_a_pass() -> None:
+    """Issue 34: count, shape and finiteness alone never PASS. A worker whose window compared every
+    id but one says UNKNOWN (window.py); the run is UNKNOWN, exit 2, naming the id and why."""
+    why = "id 1 is not a boundary of this rank's layers 2..3"
+    partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
+    reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
+    done = judge(reports, RUN, World(2))
+    assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
+    assert done.reason == "rank 0 (pid 100): UNKNOWN (ids 1 not compared on any checked step)"
+    assert f"rank 1 (pid 101): id 1 not compared on any checked step: {why}" in done.problems
+    assert outcome.coverage(reports) == {
+        "ok": False,
+        "not_compared": [{"id": 1, "ranks": [0, 1], "why": why}],
+    }
+    assert "  coverage: 1 of 2 ids compared; not compared: 1 (per-id says why)" in command.format_reports(
+        reports
+    )
+    # a PASS that does not say what it compared (a report of another version, a harness) is no PASS
+    bare = worker()
+    del bare["coverage"]
+    done = judge([bare], RUN, World(1))
+    assert done.exit_code == 2 and "does not say that every requested id was compared" in done.reason
+    assert outcome.coverage([worker(), bare])["ok"] is False and outcome.coverage([])["ok"] is False
+    assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {"ok": True, "not_compared": []}
 
 
 def test_a_rank_error_or_a_failed_exchange_is_not_a_pass() -> None:

@@ -5,7 +5,8 @@ the aux states as vLLM's backbones do (`hidden_states + residual` before layer k
 after the last layer). No vLLM here: the engine and vLLM's real models are in test_verify.py,
 test_verify_v32.py and test_minimax_m3_states.py. Shows the mechanics those rely on: the op
 records in eager mode and inside a graph compiled by torch.compile (Inductor), a tap that did not
-run gives n/a, layers of another form give n/a, the flag stops the taps, planted faults FAIL."""
+run gives n/a, layers of another form give n/a, an id n/a on every checked step keeps the window
+from PASS (UNKNOWN, its coverage naming the id), the flag stops the taps, planted faults FAIL."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
 from vllm_hotfix.verify.checks import check_step  # noqa: E402
+from vllm_hotfix.verify.window import Context, Window  # noqa: E402
 
 HIDDEN, TOKENS, LAYERS = 32, 10, 4
 IDS = [0, 1, 2, LAYERS]
@@ -66,13 +68,29 @@ def _check(model, taps, states=None, forward=None):
     return {e["id"]: e["status"] for e in found.per_id}, found
 
 
+def _window(*checks) -> Window:
+    """A window of these steps, as seam.py builds it in a worker."""
+    window = Window(len(checks), Context("M", "m.Backbone", "m", IDS, 0, 1, "v1", "observed"))
+    for found in checks:
+        window.add(found)
+    return window
+
+
 def test_every_id_ok_eager_and_compiled() -> None:
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
     assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
-    statuses, found = _check(model, taps, forward=torch.compile(model.forward))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, compiled = _check(model, taps, forward=torch.compile(model.forward))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and compiled.ok, compiled.per_id
+    window = _window(found, compiled)
+    assert window.verdict == "PASS" and window.coverage() == {
+        "ok": True,
+        "ids": 4,
+        "compared": IDS,
+        "not_compared": [],
+    }
+    assert "coverage=all 4 ids compared verdict=PASS" in window.line()
 
 
 def test_compiled_taps_replay_no_python_side_effect() -> None:
@@ -111,15 +129,48 @@ def test_a_planted_fault_fails_its_ids(fault) -> None:
     assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
 
 
-def test_a_tap_that_did_not_run_is_na_never_a_verdict() -> None:
+def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:
+    """The planted case of issue 34: states of the right count, shape and values, but no tap ran
+    (a compiled graph made without the taps): the step fails nothing, yet the window is UNKNOWN,
+    never PASS, and its coverage and line name every id and why."""
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
     again = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)  # no forward
-    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok
+    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok  # nothing failed in the step
     assert "the tap did not run in this step" in again.per_id[0]["why"]
+    window = _window(again, again)
+    coverage = window.coverage()
+    assert window.verdict == "UNKNOWN" and not coverage["ok"] and coverage["compared"] == []
+    assert [m["id"] for m in coverage["not_compared"]] == IDS
+    assert "the tap did not run in this step" in coverage["not_compared"][0]["why"]
+    assert "coverage=0 of 4 ids compared; not compared: 0, 1, 2, 4" in window.line()
+    summary = window.summary()
+    assert summary["verdict"] == "UNKNOWN" and summary["coverage"] == coverage
+
+
+def test_an_id_compared_on_one_step_is_covered() -> None:
+    """Coverage is over the window: an id n/a on one step and ok on another counts as compared;
+    one id left n/a on every step keeps the whole window from PASS."""
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    compared = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    idle = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    assert _window(idle, compared).verdict == "PASS"
+    site = taps.site
+    taps.site = lambda layer_id: None if layer_id == 2 else site(layer_id)  # id 2 on another stage
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    partly = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    assert {e["id"]: e["status"] for e in partly.per_id} == {0: "ok", 1: "ok", 2: "n/a", 4: "ok"}
+    window = _window(partly)
+    assert window.verdict == "UNKNOWN" and window.coverage()["not_compared"] == [
+        {"id": 2, "why": "id 2 is not a boundary of this rank's layers 0..4"}
+    ]
 
 
 def test_after_the_window_the_taps_stop() -> None:
@@ -140,6 +191,7 @@ def test_layers_of_another_form_are_na() -> None:
     statuses, found = _check(model, taps)
     assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
     assert "not (hidden_states, residual)" in found.per_id[1]["why"]
+    assert _window(found).verdict == "UNKNOWN"  # nothing compared: never a PASS
 
 
 class _Norm(torch.nn.Module):

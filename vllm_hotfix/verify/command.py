@@ -179,6 +179,9 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             else:
                 word = "ok" if final["ok"] else "FAIL"
                 lines.append(f"  final id: {word} (max rel diff {_figure(final.get('max_rel_diff'))})")
+        coverage = r.get("coverage")
+        if isinstance(coverage, dict) and r.get("steps"):
+            lines.append(f"  coverage: {outcome_mod.coverage_text(coverage)}")
         for entry in r.get("per_id") or []:
             figure = f"max rel diff {_figure(entry.get('max_rel_diff'))}"
             against = f" vs {entry['reference']}" if entry.get("reference") else ""
@@ -372,6 +375,7 @@ class _Run:
             "report_dir": plan.report_dir if plan else None,
             "ignored_reports": judged.ignored,
             "per_id": outcome_mod.per_id(judged.reports),
+            "coverage": outcome_mod.coverage(judged.reports),
             "ranks": judged.reports,
             "seconds": round(time.monotonic() - self.started, 1),
         }
