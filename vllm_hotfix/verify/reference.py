@@ -12,7 +12,8 @@ After the exchange every rank judges every rank's states the same way:
   fingerprint is then the sum of the ranks' (the projection is linear), plus the residual's;
   otherwise the rank's own two fingerprints summed;
 - the id is `ok` when every rank's captured fingerprint is within the tolerance of that stream
-  (per token: |difference| / |stream|), `FAIL` with the largest relative difference otherwise,
+  (per token: |difference| / the captured state's true row norm, checks.rel_prints), `FAIL` with
+  the largest relative difference otherwise,
   and `n/a` with the reason when there is nothing to compare with.
 """
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.verify.checks import K, rel_rows
+from vllm_hotfix.verify.checks import K, rel_prints
 
 HEAD = 2  # calls, rows
 
@@ -71,6 +72,7 @@ def judge(
     ids: Sequence[int],
     tokens: int,
     prints: Any,
+    scales: Any,
     tap_blocks: Any,
     tolerance: float,
     taps: Any,
@@ -78,7 +80,8 @@ def judge(
     capacity: int | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints
-    of the checked tokens; `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
+    of the checked tokens, `scales`: [world, ids, tokens] their rows' norms (checks.fingerprints);
+    `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
     (CPU)."""
     import torch
 
@@ -104,10 +107,10 @@ def judge(
         hidden, residual = body[:, 0], body[:, 1]
         partial = False
         if world > 1:
-            spread = max(float(rel_rows(hidden[r], hidden[0]).max()) for r in range(1, world))
+            spread = max(float(rel_prints(hidden[r], hidden[0], scales[0, i]).max()) for r in range(1, world))
             partial = not spread <= tolerance
         stream = (hidden.sum(dim=0, keepdim=True) if partial else hidden) + residual
-        rel = torch.stack([rel_rows(prints[r, i], stream[r]) for r in range(world)])
+        rel = torch.stack([rel_prints(prints[r, i], stream[r], scales[r, i]) for r in range(world)])
         worst = float(rel.max())
         entry["reference"] = describe(layer_id, final_id, partial, world)
         entry["max_rel_diff"] = worst
