@@ -224,3 +224,75 @@ def test_the_final_norm_check_needs_a_norm_given_the_residual() -> None:
     assert norm is not None, note
     norm, note = _final_norm_note(_V4Like())
     assert norm is None and "takes no residual" in note
+
+
+def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
+    """reference.judge on one id whose layer ran on vLLM's sequence-parallel shards: the forward's
+    `rows` (padding included) padded to a multiple of `world` and split in equal chunks, rank r's
+    tap seeing rows r * chunk ... of hidden_states and residual (padding rows zero, as
+    sequence_parallel_chunk pads), while every rank's captured state is the whole, all-gathered."""
+    from types import SimpleNamespace
+
+    from vllm_hotfix.verify import checks, reference
+
+    g = torch.Generator().manual_seed(tokens * 100 + rows)
+    chunk = -(-rows // world)
+    hidden = torch.zeros(chunk * world, HIDDEN)
+    residual = torch.zeros(chunk * world, HIDDEN)
+    hidden[:tokens] = torch.randn(tokens, HIDDEN, generator=g)
+    residual[:tokens] = torch.randn(tokens, HIDDEN, generator=g)
+    state = (hidden + residual)[:rows]
+    if plant is not None:
+        state = plant(state)
+    proj = checks.projection(HIDDEN, "cpu")
+    capacity = max(tokens, 1)
+    prints, scales, _ = checks.fingerprints([state], [True], 1, tokens, proj)
+    blocks = torch.randn(world, 1, reference.block_size(capacity))  # stale rows beyond the shard
+    for r in range(world):
+        blocks[r, 0, :2] = torch.tensor([1.0, float(chunk)])
+        tap = blocks[r, 0, reference.HEAD :].view(2, capacity, checks.K)
+        shard = slice(r * chunk, (r + 1) * chunk)
+        seen = min(chunk, capacity)
+        tap[0, :seen] = (hidden[shard] @ proj)[:seen]
+        tap[1, :seen] = (residual[shard] @ proj)[:seen]
+    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
+    return reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, capacity, rows)[0]
+
+
+@pytest.mark.parametrize(("tokens", "rows"), [(1, 1), (3, 8), (5, 5), (6, 6)])
+def test_sequence_parallel_shards_are_compared_as_shards(tokens, rows) -> None:
+    """Issue 34: under sequence-parallel MoE a rank's tap sees its shard of the tokens. A 1-token
+    step (rank 1's shard is padding) or a step padded to a busy data-parallel peer (rank 0's shard
+    holds every real token) was compared row for row with the whole state: a correct model FAILed
+    (about 1 on rank 1). Now each token is compared with the shard row that holds it; a planted
+    fault still FAILs."""
+    entry = _sharded_step(tokens, rows)
+    assert entry["status"] == "ok", entry
+    assert "sequence-parallel shards" in entry["reference"]
+    scaled = _sharded_step(tokens, rows, plant=lambda state: state * 1.5)
+    assert scaled["status"] == "FAIL" and scaled["max_rel_diff"] > 0.1, scaled
+
+
+def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
+    """Dual-batch overlap runs each layer on two micro-batches: the tap holds the last one, as many
+    rows as a TP=2 shard would have, but the same on every rank (no rank shards it): n/a, never
+    compared as shards."""
+    from types import SimpleNamespace
+
+    from vllm_hotfix.verify import checks, reference
+
+    tokens, world = 8, 2
+    g = torch.Generator().manual_seed(3)
+    hidden, residual = torch.randn(tokens, HIDDEN, generator=g), torch.randn(tokens, HIDDEN, generator=g)
+    proj = checks.projection(HIDDEN, "cpu")
+    prints, scales, _ = checks.fingerprints([hidden + residual], [True], 1, tokens, proj)
+    blocks = torch.full((world, 1, reference.block_size(tokens)), float("nan"))
+    for r in range(world):
+        blocks[r, 0, :2] = torch.tensor([2.0, 4.0])  # two calls, the last of 4 rows
+        tap = blocks[r, 0, reference.HEAD :].view(2, tokens, checks.K)
+        tap[0, :4], tap[1, :4] = hidden[4:] @ proj, residual[4:] @ proj
+    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
+    entry = reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, tokens, tokens)[0]
+    assert entry["status"] == "n/a" and "the layer saw 4 rows for 8 tokens" in entry["why"], entry

@@ -261,6 +261,7 @@ def check_step(
 
     size = body_size(ids, capacity) + len(ids) * reference.block_size(capacity)
     count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
+    rows = None  # the forward's rows (padding included): tells sequence-parallel shards (reference.py)
     stage = "shapes"
     try:
         if error is not None:
@@ -268,6 +269,7 @@ def check_step(
         states = list(aux) if isinstance(aux, (list, tuple)) else []
         count_ok, detail, shaped = shapes(states, ids, tokens, hidden_size)
         first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
+        rows = int(states[0].shape[0]) if count_ok and states else None
         device, dtype = first.device, first.dtype
         stage = "projection"
         proj = projection(hidden_size, device)
@@ -301,7 +303,7 @@ def check_step(
             blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(capacity))
             limit = tolerance(dtype)
             found.per_id = reference.judge(
-                ids, checked, prints, scales, blocks, limit, taps, final_id, capacity
+                ids, checked, prints, scales, blocks, limit, taps, final_id, capacity, rows
             )
         return found
     except Exception as raised:
