@@ -6,7 +6,8 @@ bfloat16 ring all-reduce over 8 ranks (each hop rounded to bfloat16, as NCCL's r
 of the repairs that all-reduce a copy, and of vLLM's non-flashinfer V3.2 branch), compared with the
 tap's stream (the ranks' partial fingerprints summed in float32, plus the residual's: reference.py).
 
-Why the statistic is |fp(state) - fp(stream)| / (the state's true row norm in fingerprint units):
+Why the statistic is |fp(state) - fp(stream)| / (the state's true row norm in fingerprint units,
+or |fp(stream)| where larger, so that a zero state reads 1, not infinity):
 the difference of a correct state is its rounding error e, of relative size rho = |e| / |state|
 (concentrated: an average over 7168 coordinates), and its fingerprint is a Gaussian vector of K=8
 entries, so the statistic is rho * chi_8 / sqrt(8), whose tail falls like exp(-x^2): the odds of

@@ -20,15 +20,16 @@ from typing import Any
 # entries), so a fingerprint entry has the scale of the state's root mean square. K = 8 makes the
 # chance that a real difference is orthogonal to all directions negligible, at 8 floats per token.
 # Each state's row also sends its own norm in fingerprint units (`scale`: ||row|| * sqrt(K/hidden),
-# what ||row @ projection|| is on average), the denominator of every comparison (`rel_prints`):
-# dividing by the fingerprint's own norm, a chi variable with K degrees of freedom, gave the ratio
-# a heavy tail (about 1 token in 100k of correct bf16 states over 2e-2 after a bf16 ring all-reduce
-# at TP=8); the true norm leaves only the numerator's chi tail (docs/verification.md, measured by
+# what ||row @ projection|| is on average), the denominator of every comparison (`rel_prints`, or
+# the reference fingerprint's norm where larger: a zero state then reads 1, not infinity). Dividing
+# by the fingerprint's norm alone, a chi variable with K degrees of freedom, gave the ratio a heavy
+# tail (about 1 token in 100k of correct bf16 states over 2e-2 after a bf16 ring all-reduce at
+# TP=8); the true norm leaves only the numerator's chi tail (docs/verification.md, measured by
 # tests/test_verify_statistic.py).
 K = 8
 SEED = 20260119
 
-# Tolerances on the relative disagreement (per token: |fingerprint difference| / |fingerprint|),
+# Tolerances on the relative disagreement (per token: |fingerprint difference| / the state's `scale`),
 # and on the final-id check (per token: |norm(state) - output| / |output|). The states of a TP group
 # are computed from the same inputs and the same all-reduced sums, so they should agree to the
 # last bits; kernels whose reduction order differs between ranks can make them differ by a few
@@ -133,15 +134,14 @@ def rel_rows(a: Any, b: Any) -> Any:
 
 
 def rel_prints(a: Any, b: Any, scale: Any) -> Any:
-    """Per row of fingerprints: |a - b| / scale (the true row norm in fingerprint units, `fingerprints`),
-    0 where a equals b, inf where they differ and the scale is 0 (a zero state); NaN stays NaN."""
+    """Per row of fingerprints: |a - b| over the larger of `scale` (a state's true row norm in
+    fingerprint units, `fingerprints`) and |b| (the reference's fingerprint): 0 where a equals b,
+    never inf (a zero state against a non-zero reference gives 1); NaN (a missing state) stays NaN."""
     import torch
 
     difference = torch.linalg.vector_norm(a - b, dim=-1)
-    ratio = torch.where(
-        scale > 0, difference / scale.clamp_min(1e-30), torch.full_like(difference, float("inf"))
-    )
-    return torch.where(difference == 0, torch.zeros_like(difference), ratio)
+    scale = torch.maximum(scale, torch.linalg.vector_norm(b, dim=-1))
+    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale)
 
 
 def _final_fails(value: float, limit: float) -> bool:
@@ -357,7 +357,8 @@ def judge(
     worst, worst_id = 0.0, None
     for r in good[1:]:
         # [ids, tokens]; NaN where a state was missing
-        rel = rel_prints(rank_prints[r], rank_prints[good[0]], rank_scales[good[0]])
+        scale = torch.maximum(rank_scales[r], rank_scales[good[0]])
+        rel = rel_prints(rank_prints[r], rank_prints[good[0]], scale)
         rel = torch.where(torch.isnan(rel), torch.zeros_like(rel), rel)
         if rel.numel():
             value, index = rel.max(dim=1).values.max(dim=0)

@@ -12,9 +12,11 @@ After the exchange every rank judges every rank's states the same way:
   fingerprint is then the sum of the ranks' (the projection is linear), plus the residual's;
   otherwise the rank's own two fingerprints summed;
 - the id is `ok` when every rank's captured fingerprint is within the tolerance of that stream
-  (per token: |difference| / the captured state's true row norm, checks.rel_prints), `FAIL` with
-  the largest relative difference otherwise,
-  and `n/a` with the reason when there is nothing to compare with.
+  (per token: |difference| over the larger of the captured state's true row norm and the
+  stream's fingerprint norm, checks.rel_prints), `FAIL` with the largest relative difference
+  otherwise, and `n/a` with the reason when there is nothing to compare with;
+- under sequence-parallel MoE each rank's tap holds its shard of the rows (`_shard_rows`): each
+  token is compared with the row of the rank that holds it.
 """
 
 from __future__ import annotations
