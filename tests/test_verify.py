@@ -163,10 +163,14 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "batch_sizes": [2],
         "steps": 8,
         "decode_tokens": 2,
+        "top_up_rounds": found["workload"]["top_up_rounds"],
     }
+    assert found["workload"]["top_up_rounds"] <= 3  # at most 1 + ceil(8 steps x 2 tokens / 10 tokens)
+    assert found["coverage"] == {"ok": True, "not_compared": []}  # ids 1, 2, 4 each compared
     (rank,) = found["ranks"]
     assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
     assert {"count", "ranks_agree", "finite", "final"} <= set(rank)
+    assert rank["coverage"] == {"ok": True, "ids": 3, "compared": [1, 2, 4], "not_compared": []}
     assert max(rank["tokens"]) >= 40, rank["tokens"]  # the 40-token prompts' prefill was checked
     assert found["ignored_reports"] == 0 and found["caveats"] == [] and found["load_format"] == "auto"
 

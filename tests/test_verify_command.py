@@ -13,6 +13,7 @@ tests/test_verify.py.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | N
         "steps": 8,
         "steps_wanted": 8,
         "note": None,
+        "coverage": {"ok": True, "ids": 2, "compared": [1, 2], "not_compared": []},
     }
     found.update(more)
     return found
@@ -83,6 +85,32 @@ def test_a_window_cut_short_is_not_a_pass() -> None:
     done = judge([short], RUN, World(1))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
     assert "the window was cut short, 3 of 8 steps checked" in done.reason
+
+
+def test_an_id_not_compared_is_not_a_pass() -> None:
+    """Issue 34: count, shape and finiteness alone never PASS. A worker whose window compared every
+    id but one says UNKNOWN (window.py); the run is UNKNOWN, exit 2, naming the id and why."""
+    why = "id 1 is not a boundary of this rank's layers 2..3"
+    partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
+    reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
+    done = judge(reports, RUN, World(2))
+    assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
+    assert done.reason == "rank 0 (pid 100): UNKNOWN (ids 1 not compared on any checked step)"
+    assert f"rank 1 (pid 101): id 1 not compared on any checked step: {why}" in done.problems
+    assert outcome.coverage(reports) == {
+        "ok": False,
+        "not_compared": [{"id": 1, "ranks": [0, 1], "why": why}],
+    }
+    assert "  coverage: 1 of 2 ids compared; not compared: 1 (per-id says why)" in command.format_reports(
+        reports
+    )
+    # a PASS that does not say what it compared (a report of another version, a harness) is no PASS
+    bare = worker()
+    del bare["coverage"]
+    done = judge([bare], RUN, World(1))
+    assert done.exit_code == 2 and "does not say that every requested id was compared" in done.reason
+    assert outcome.coverage([worker(), bare])["ok"] is False and outcome.coverage([])["ok"] is False
+    assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {"ok": True, "not_compared": []}
 
 
 def test_a_rank_error_or_a_failed_exchange_is_not_a_pass() -> None:
@@ -291,3 +319,58 @@ def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
     assert last.startswith("verdict: UNKNOWN (vLLM failed while starting vLLM: ") and last.endswith("exit 3")
     assert "ignored 1 report(s) of other runs" in done.stdout and "PASS" not in last
     assert "Traceback" not in done.stdout
+
+
+class _Engine:
+    """vLLM's LLM as the top-up sees it: each generate call runs a prefill step, then decode steps
+    of `per_step` tokens each (a drafter whose tokens are accepted); the worker writes its report
+    when its window is full, as window.py does."""
+
+    def __init__(self, plan: command.Plan, per_step: int, armed: bool = True) -> None:
+        self.plan, self.per_step, self.armed, self.steps, self.calls = plan, per_step, armed, 0, 0
+
+    def generate(self, prompts: list[Any], params: dict[str, Any], use_tqdm: bool = False) -> None:
+        self.calls += 1
+        self.steps += 1 + -(-params["max_tokens"] // self.per_step)
+        if self.armed and self.steps >= self.plan.steps:
+            path = Path(self.plan.report_dir) / "verify-node-100.json"
+            path.write_text(
+                json.dumps(worker(steps=self.plan.steps, steps_wanted=self.plan.steps, model="M"))
+            )
+
+
+def _top_up(tmp_path: Path, per_step: int, armed: bool = True, steps: int = 76) -> tuple[Any, Any]:
+    tmp_path.mkdir(exist_ok=True)
+    plan = command.Plan("M", [], RUN, str(tmp_path), steps, [16], [1])
+    plan.method = "extract_hidden_states"
+    runner = command._Run(cli.parse(["verify", "M"]), stdout=None)  # type: ignore[arg-type]
+    runner.plan = plan
+    runner.engine = type("Args", (), {"speculative_config": {"num_speculative_tokens": 1}})()
+    runner.llm = _Engine(plan, per_step, armed)
+    runner.top_up(plan, vocab=1000, max_len=4096, counter=0, sampling=lambda **kw: kw)
+    return plan, runner.llm
+
+
+def test_the_window_fills_whatever_the_draft_acceptance(tmp_path: Path) -> None:
+    """Issue 34: with extract_hidden_states' draft accepted, a step carries 2 tokens, and one round
+    of steps + 2 decode tokens left a correct model's window short (UNKNOWN, exit 2). The top-up
+    keeps going until every expected report is in."""
+    plan, engine = _top_up(tmp_path / "one", per_step=1)
+    assert engine.calls == 1 and plan.top_up_rounds == 1 and not plan.notes
+    plan, engine = _top_up(tmp_path / "two", per_step=2)
+    assert engine.calls == 2 and engine.steps >= plan.steps and not plan.notes
+    reports = command.read_reports(plan.report_dir)
+    assert judge(reports, RUN, World(1)).exit_code == 0
+    assert "steps checked: 76 of 76" in command.format_reports(reports)
+
+
+def test_the_top_up_is_bounded_when_no_window_fills(tmp_path: Path) -> None:
+    """A worker that never reports (the check not armed there) costs a bounded number of rounds,
+    then the run says why; its verdict stays UNKNOWN."""
+    plan, engine = _top_up(tmp_path, per_step=1, armed=False, steps=10)
+    assert engine.calls == plan.top_up_rounds == 1 + math.ceil(10 * 2 / 12)
+    assert plan.notes == [
+        "0 of 1 worker report(s) after 3 round(s) of 12 decode tokens, enough for 10 steps at 2"
+        " token(s) per step: the missing workers' windows did not fill (is the check armed there?)"
+    ]
+    assert judge(command.read_reports(plan.report_dir), RUN, World(1)).exit_code == 2

@@ -5,7 +5,8 @@ the aux states as vLLM's backbones do (`hidden_states + residual` before layer k
 after the last layer). No vLLM here: the engine and vLLM's real models are in test_verify.py,
 test_verify_v32.py and test_minimax_m3_states.py. Shows the mechanics those rely on: the op
 records in eager mode and inside a graph compiled by torch.compile (Inductor), a tap that did not
-run gives n/a, layers of another form give n/a, the flag stops the taps, planted faults FAIL."""
+run gives n/a, layers of another form give n/a, an id n/a on every checked step keeps the window
+from PASS (UNKNOWN, its coverage naming the id), the flag stops the taps, planted faults FAIL."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
 from vllm_hotfix.verify.checks import check_step  # noqa: E402
+from vllm_hotfix.verify.window import Context, Window  # noqa: E402
 
 HIDDEN, TOKENS, LAYERS = 32, 10, 4
 IDS = [0, 1, 2, LAYERS]
@@ -66,13 +68,29 @@ def _check(model, taps, states=None, forward=None):
     return {e["id"]: e["status"] for e in found.per_id}, found
 
 
+def _window(*checks) -> Window:
+    """A window of these steps, as seam.py builds it in a worker."""
+    window = Window(len(checks), Context("M", "m.Backbone", "m", IDS, 0, 1, "v1", "observed"))
+    for found in checks:
+        window.add(found)
+    return window
+
+
 def test_every_id_ok_eager_and_compiled() -> None:
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
     assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
-    statuses, found = _check(model, taps, forward=torch.compile(model.forward))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, compiled = _check(model, taps, forward=torch.compile(model.forward))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and compiled.ok, compiled.per_id
+    window = _window(found, compiled)
+    assert window.verdict == "PASS" and window.coverage() == {
+        "ok": True,
+        "ids": 4,
+        "compared": IDS,
+        "not_compared": [],
+    }
+    assert "coverage=all 4 ids compared verdict=PASS" in window.line()
 
 
 def test_compiled_taps_replay_no_python_side_effect() -> None:
@@ -111,15 +129,48 @@ def test_a_planted_fault_fails_its_ids(fault) -> None:
     assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
 
 
-def test_a_tap_that_did_not_run_is_na_never_a_verdict() -> None:
+def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:
+    """The planted case of issue 34: states of the right count, shape and values, but no tap ran
+    (a compiled graph made without the taps): the step fails nothing, yet the window is UNKNOWN,
+    never PASS, and its coverage and line name every id and why."""
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
     again = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)  # no forward
-    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok
+    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok  # nothing failed in the step
     assert "the tap did not run in this step" in again.per_id[0]["why"]
+    window = _window(again, again)
+    coverage = window.coverage()
+    assert window.verdict == "UNKNOWN" and not coverage["ok"] and coverage["compared"] == []
+    assert [m["id"] for m in coverage["not_compared"]] == IDS
+    assert "the tap did not run in this step" in coverage["not_compared"][0]["why"]
+    assert "coverage=0 of 4 ids compared; not compared: 0, 1, 2, 4" in window.line()
+    summary = window.summary()
+    assert summary["verdict"] == "UNKNOWN" and summary["coverage"] == coverage
+
+
+def test_an_id_compared_on_one_step_is_covered() -> None:
+    """Coverage is over the window: an id n/a on one step and ok on another counts as compared;
+    one id left n/a on every step keeps the whole window from PASS."""
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    compared = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    idle = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    assert _window(idle, compared).verdict == "PASS"
+    site = taps.site
+    taps.site = lambda layer_id: None if layer_id == 2 else site(layer_id)  # id 2 on another stage
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    partly = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    assert {e["id"]: e["status"] for e in partly.per_id} == {0: "ok", 1: "ok", 2: "n/a", 4: "ok"}
+    window = _window(partly)
+    assert window.verdict == "UNKNOWN" and window.coverage()["not_compared"] == [
+        {"id": 2, "why": "id 2 is not a boundary of this rank's layers 0..4"}
+    ]
 
 
 def test_after_the_window_the_taps_stop() -> None:
@@ -140,6 +191,7 @@ def test_layers_of_another_form_are_na() -> None:
     statuses, found = _check(model, taps)
     assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
     assert "not (hidden_states, residual)" in found.per_id[1]["why"]
+    assert _window(found).verdict == "UNKNOWN"  # nothing compared: never a PASS
 
 
 class _Norm(torch.nn.Module):
@@ -172,3 +224,75 @@ def test_the_final_norm_check_needs_a_norm_given_the_residual() -> None:
     assert norm is not None, note
     norm, note = _final_norm_note(_V4Like())
     assert norm is None and "takes no residual" in note
+
+
+def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
+    """reference.judge on one id whose layer ran on vLLM's sequence-parallel shards: the forward's
+    `rows` (padding included) padded to a multiple of `world` and split in equal chunks, rank r's
+    tap seeing rows r * chunk ... of hidden_states and residual (padding rows zero, as
+    sequence_parallel_chunk pads), while every rank's captured state is the whole, all-gathered."""
+    from types import SimpleNamespace
+
+    from vllm_hotfix.verify import checks, reference
+
+    g = torch.Generator().manual_seed(tokens * 100 + rows)
+    chunk = -(-rows // world)
+    hidden = torch.zeros(chunk * world, HIDDEN)
+    residual = torch.zeros(chunk * world, HIDDEN)
+    hidden[:tokens] = torch.randn(tokens, HIDDEN, generator=g)
+    residual[:tokens] = torch.randn(tokens, HIDDEN, generator=g)
+    state = (hidden + residual)[:rows]
+    if plant is not None:
+        state = plant(state)
+    proj = checks.projection(HIDDEN, "cpu")
+    capacity = max(tokens, 1)
+    prints, scales, _ = checks.fingerprints([state], [True], 1, tokens, proj)
+    blocks = torch.randn(world, 1, reference.block_size(capacity))  # stale rows beyond the shard
+    for r in range(world):
+        blocks[r, 0, :2] = torch.tensor([1.0, float(chunk)])
+        tap = blocks[r, 0, reference.HEAD :].view(2, capacity, checks.K)
+        shard = slice(r * chunk, (r + 1) * chunk)
+        seen = min(chunk, capacity)
+        tap[0, :seen] = (hidden[shard] @ proj)[:seen]
+        tap[1, :seen] = (residual[shard] @ proj)[:seen]
+    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
+    return reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, capacity, rows)[0]
+
+
+@pytest.mark.parametrize(("tokens", "rows"), [(1, 1), (3, 8), (5, 5), (6, 6)])
+def test_sequence_parallel_shards_are_compared_as_shards(tokens, rows) -> None:
+    """Issue 34: under sequence-parallel MoE a rank's tap sees its shard of the tokens. A 1-token
+    step (rank 1's shard is padding) or a step padded to a busy data-parallel peer (rank 0's shard
+    holds every real token) was compared row for row with the whole state: a correct model FAILed
+    (about 1 on rank 1). Now each token is compared with the shard row that holds it; a planted
+    fault still FAILs."""
+    entry = _sharded_step(tokens, rows)
+    assert entry["status"] == "ok", entry
+    assert "sequence-parallel shards" in entry["reference"]
+    scaled = _sharded_step(tokens, rows, plant=lambda state: state * 1.5)
+    assert scaled["status"] == "FAIL" and scaled["max_rel_diff"] > 0.1, scaled
+
+
+def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
+    """Dual-batch overlap runs each layer on two micro-batches: the tap holds the last one, as many
+    rows as a TP=2 shard would have, but the same on every rank (no rank shards it): n/a, never
+    compared as shards."""
+    from types import SimpleNamespace
+
+    from vllm_hotfix.verify import checks, reference
+
+    tokens, world = 8, 2
+    g = torch.Generator().manual_seed(3)
+    hidden, residual = torch.randn(tokens, HIDDEN, generator=g), torch.randn(tokens, HIDDEN, generator=g)
+    proj = checks.projection(HIDDEN, "cpu")
+    prints, scales, _ = checks.fingerprints([hidden + residual], [True], 1, tokens, proj)
+    blocks = torch.full((world, 1, reference.block_size(tokens)), float("nan"))
+    for r in range(world):
+        blocks[r, 0, :2] = torch.tensor([2.0, 4.0])  # two calls, the last of 4 rows
+        tap = blocks[r, 0, reference.HEAD :].view(2, tokens, checks.K)
+        tap[0, :4], tap[1, :4] = hidden[4:] @ proj, residual[4:] @ proj
+    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
+    entry = reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, tokens, tokens)[0]
+    assert entry["status"] == "n/a" and "the layer saw 4 rows for 8 tokens" in entry["why"], entry

@@ -42,7 +42,7 @@ def test_stock_ranks_disagree_and_the_check_fails(ranks) -> None:
         assert rank["vllm"] == FIXED and rank["patched"]
         stock = _entry(rank, "stock", [1, 2, 3])
         assert not stock["ok"] and not stock["ranks_agree"]
-        assert stock["ranks_rel_diff"] > 0.1, stock  # per-rank partial sums: measured 1.25 here
+        assert stock["ranks_rel_diff"] > 0.1, stock  # per-rank partial sums: measured 0.64 here
         assert stock["count_ok"] and stock["failed_ranks"] == []  # only the exchange can see it
         with_final = _entry(rank, "stock", [1, 2, 3, 4])
         assert with_final["count_detail"] == "3 state(s) for 4 id(s)" and with_final["failed_ranks"] == [0, 1]

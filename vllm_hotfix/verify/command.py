@@ -179,6 +179,9 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             else:
                 word = "ok" if final["ok"] else "FAIL"
                 lines.append(f"  final id: {word} (max rel diff {_figure(final.get('max_rel_diff'))})")
+        coverage = r.get("coverage")
+        if isinstance(coverage, dict) and r.get("steps"):
+            lines.append(f"  coverage: {outcome_mod.coverage_text(coverage)}")
         for entry in r.get("per_id") or []:
             figure = f"max rel diff {_figure(entry.get('max_rel_diff'))}"
             against = f" vs {entry['reference']}" if entry.get("reference") else ""
@@ -217,6 +220,7 @@ class Plan:
     load_format: str | None = None
     skipped_lengths: list[int] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    top_up_rounds: int = 0  # generate calls of decode steps run to fill the workers' windows
 
     @property
     def caveats(self) -> list[str]:
@@ -365,6 +369,7 @@ class _Run:
                 "batch_sizes": plan.batches,
                 "steps": plan.steps,
                 "decode_tokens": DECODE,
+                "top_up_rounds": plan.top_up_rounds,
             },
             "load_format": plan.load_format if plan else None,
             "caveats": plan.caveats if plan else [],
@@ -372,6 +377,7 @@ class _Run:
             "report_dir": plan.report_dir if plan else None,
             "ignored_reports": judged.ignored,
             "per_id": outcome_mod.per_id(judged.reports),
+            "coverage": outcome_mod.coverage(judged.reports),
             "ranks": judged.reports,
             "seconds": round(time.monotonic() - self.started, 1),
         }
@@ -480,18 +486,43 @@ class _Run:
 
     def top_up(self, plan: Plan, vocab: int, max_len: int, counter: int, sampling: Any) -> None:
         """Decode steps until every expected process has reported (its window is full): the window
-        is sized as an upper bound, so the workload alone may not fill it."""
+        is sized as an upper bound, so the workload alone may not fill it. A step carries one token,
+        or up to 1 + k when the drafter's k tokens are accepted (extract_hidden_states' draft is
+        accepted whenever the model repeats the sampled token), so the rounds are bounded by the
+        window filling at one step per 1 + k tokens; past that bound (or --timeout) more decode
+        steps cannot help, and the run says so."""
         length = min(16, max(1, max_len - 4))
         tokens = max(1, min(plan.steps + 2, max_len - length))
-        for attempt in range(1 + plan.steps // tokens):
+        per_step = 1 + _speculative_tokens(self.engine.speculative_config if self.engine else None)
+        rounds = 1 + math.ceil(plan.steps * per_step / tokens)
+        for attempt in range(rounds + 1):
             mine = [r for r in read_reports(plan.report_dir) if r.get("run_id") == plan.run_id]
             if len(mine) >= plan.world.processes:
                 return
-            self.phase = f"filling the window with decode steps (round {attempt + 1})"
+            if attempt == rounds:
+                break
+            plan.top_up_rounds = attempt + 1
+            self.phase = f"filling the window with decode steps (round {attempt + 1} of at most {rounds})"
             prompt = {"prompt_token_ids": _prompt(counter + attempt, length, vocab)}
             self.llm.generate(
                 [prompt], sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
             )
+        plan.notes.append(
+            f"{len(mine)} of {plan.world.processes} worker report(s) after {rounds} round(s) of {tokens}"
+            f" decode tokens, enough for {plan.steps} steps at {per_step} token(s) per step: the"
+            " missing workers' windows did not fill (is the check armed there?)"
+        )
+
+
+def _speculative_tokens(config: Any) -> int:
+    """The draft tokens a step may add (num_speculative_tokens; 1 when not said)."""
+    found = config.get("num_speculative_tokens") if isinstance(config, dict) else None
+    if config is not None and not isinstance(config, dict):
+        found = getattr(config, "num_speculative_tokens", None)
+    try:
+        return max(1, int(found or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _prompt(index: int, length: int, vocab: int) -> list[int]:

@@ -1,11 +1,13 @@
 """The verdict of one `vllm-hotfix verify` run, from the workers' JSON reports: pure, no vLLM, no torch.
 
 A run PASSes only when every worker process the engine arguments imply reported, with this run's
-id, a window that ran to its end and passed. A report of another run (a stale file in the report
-directory) never counts; a missing rank, a window cut short, an error in a rank's check or a
-failed exchange make the run UNKNOWN; a FAIL anywhere is a FAIL, even if vLLM stopped afterwards
-(the bug's own crash, strict mode). An UNKNOWN after which the workers' strict mode stopped vLLM
-(their reports say `stops_run`) stays UNKNOWN, exit 2: the stop is the check's, not vLLM's failure.
+id, a window that ran to its end and passed, every requested id compared with its layer's stream
+on at least one checked step (the report's `coverage`). A report of another run (a stale file in
+the report directory) never counts; a missing rank, a window cut short, an error in a rank's
+check, a failed exchange or an id not compared make the run UNKNOWN; a FAIL anywhere is a FAIL,
+even if vLLM stopped afterwards (the bug's own crash, strict mode). An UNKNOWN after which the
+workers' strict mode stopped vLLM (their reports say `stops_run`) stays UNKNOWN, exit 2: the stop
+is the check's, not vLLM's failure.
 Otherwise, when vLLM or the command failed and no FAIL was seen, the exit code is 3 whatever the
 reports say.
 """
@@ -62,10 +64,20 @@ def _problems_of(report: dict[str, Any]) -> list[str]:
     """What in one PASS-or-not report keeps the run from passing (empty: it passed in full)."""
     name = _rank_name(report)
     found = []
+    coverage = report.get("coverage")
+    missing = (coverage.get("not_compared") or []) if isinstance(coverage, dict) else []
+    note = report.get("note")
     if report.get("verdict") != PASS:
-        note = report.get("note")
+        if not note and missing:
+            note = "ids " + ", ".join(str(m.get("id")) for m in missing) + " not compared on any checked step"
         found.append(f"{name}: {report.get('verdict')}" + (f" ({note})" if note else ""))
-    elif report.get("steps", 0) < report.get("steps_wanted", 0):
+    elif not isinstance(coverage, dict) or (not coverage.get("ok") and not missing):
+        found.append(f"{name}: its report does not say that every requested id was compared")
+    if not report.get("note"):  # coverage is the reason: say why each id was not compared
+        found += [
+            f"{name}: id {m.get('id')} not compared on any checked step: {m.get('why')}" for m in missing
+        ]
+    if report.get("verdict") == PASS and report.get("steps", 0) < report.get("steps_wanted", 0):
         found.append(
             f"{name}: the window was cut short, {report.get('steps')} of {report.get('steps_wanted')}"
             " steps checked"
@@ -129,6 +141,33 @@ def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str |
         return Outcome(UNKNOWN, EXIT_UNKNOWN, problems[0], ours, ignored, problems)
     reason = f"every one of the {world.processes} worker process(es) checked its whole window and passed"
     return Outcome(PASS, EXIT_PASS, reason, ours, ignored, problems)
+
+
+def coverage_text(coverage: dict[str, Any]) -> str:
+    """`all 3 ids compared`, or `1 of 3 ids compared; not compared: 2, 4` (the line's part)."""
+    done, total = len(coverage["compared"]), coverage["ids"]
+    if not coverage["not_compared"]:
+        return f"all {total} ids compared"
+    missing = ", ".join(str(entry["id"]) for entry in coverage["not_compared"])
+    return f"{done} of {total} ids compared; not compared: {missing} (per-id says why)"
+
+
+def coverage(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over every report of the run: `ok` when each says every requested id was compared on at
+    least one of its checked steps; `not_compared`: per id, the ranks that did not and why."""
+    missing: dict[Any, dict[str, Any]] = {}
+    ok = bool(reports)
+    for report in reports:
+        found = report.get("coverage")
+        if not isinstance(found, dict):
+            ok = False
+            continue
+        ok = ok and bool(found.get("ok"))
+        for entry in found.get("not_compared") or []:
+            key = entry.get("id")
+            row = missing.setdefault(key, {"id": key, "ranks": [], "why": entry.get("why")})
+            row["ranks"].append(report.get("rank"))
+    return {"ok": ok, "not_compared": list(missing.values())}
 
 
 def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -12,8 +12,11 @@ After the exchange every rank judges every rank's states the same way:
   fingerprint is then the sum of the ranks' (the projection is linear), plus the residual's;
   otherwise the rank's own two fingerprints summed;
 - the id is `ok` when every rank's captured fingerprint is within the tolerance of that stream
-  (per token: |difference| / |stream|), `FAIL` with the largest relative difference otherwise,
-  and `n/a` with the reason when there is nothing to compare with.
+  (per token: |difference| over the larger of the captured state's true row norm and the
+  stream's fingerprint norm, checks.rel_prints), `FAIL` with the largest relative difference
+  otherwise, and `n/a` with the reason when there is nothing to compare with;
+- under sequence-parallel MoE each rank's tap holds its shard of the rows (`_shard_rows`): each
+  token is compared with the row of the rank that holds it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.verify.checks import K, rel_rows
+from vllm_hotfix.verify.checks import K, rel_prints
 
 HEAD = 2  # calls, rows
 
@@ -71,15 +74,19 @@ def judge(
     ids: Sequence[int],
     tokens: int,
     prints: Any,
+    scales: Any,
     tap_blocks: Any,
     tolerance: float,
     taps: Any,
     final_id: int | None,
     capacity: int | None = None,
+    rows: int | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints
-    of the checked tokens; `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
-    (CPU)."""
+    of the checked tokens, `scales`: [world, ids, tokens] their rows' norms (checks.fingerprints);
+    `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
+    (CPU); `rows`: the rows of the step's forward (the captured states', padding included), which
+    tells sequence-parallel shards from whole tensors (`_shard_rows`)."""
     import torch
 
     world = prints.shape[0]
@@ -96,20 +103,30 @@ def judge(
         }
         entries.append(entry)
         site = taps.site(layer_id) if taps is not None else None
-        why = _not_comparable(taps, site, layer_id, tokens, tap_blocks[:, i], prints[:, i])
+        body = tap_blocks[:, i, HEAD:].reshape(world, 2, capacity, K)[:, :, :tokens]
+        hidden, residual = body[:, 0], body[:, 1]
+        chunk = _shard_rows(tap_blocks[:, i, 1], residual, scales[0, i], rows, tolerance)
+        why = _not_comparable(taps, site, layer_id, tokens, tap_blocks[:, i], prints[:, i], chunk)
         if why is not None:
             entry["why"] = why
             continue
-        body = tap_blocks[:, i, HEAD:].reshape(world, 2, capacity, K)[:, :, :tokens]
-        hidden, residual = body[:, 0], body[:, 1]
         partial = False
-        if world > 1:
-            spread = max(float(rel_rows(hidden[r], hidden[0]).max()) for r in range(1, world))
-            partial = not spread <= tolerance
-        stream = (hidden.sum(dim=0, keepdim=True) if partial else hidden) + residual
-        rel = torch.stack([rel_rows(prints[r, i], stream[r]) for r in range(world)])
+        if chunk is not None:  # sequence-parallel shards: token t is row t % chunk of rank t // chunk
+            owner = [t // chunk for t in range(tokens)]
+            row = [t % chunk for t in range(tokens)]
+            stream = (hidden[owner, row] + residual[owner, row]).expand(world, tokens, K)
+        else:
+            if world > 1:
+                spread = max(
+                    float(rel_prints(hidden[r], hidden[0], scales[0, i]).max()) for r in range(1, world)
+                )
+                partial = not spread <= tolerance
+            stream = (hidden.sum(dim=0, keepdim=True) if partial else hidden) + residual
+        rel = torch.stack([rel_prints(prints[r, i], stream[r], scales[r, i]) for r in range(world)])
         worst = float(rel.max())
-        entry["reference"] = describe(layer_id, final_id, partial, world)
+        entry["reference"] = describe(layer_id, final_id, partial, world) + (
+            f" (assembled from the {world} ranks' sequence-parallel shards of {chunk} rows)" if chunk else ""
+        )
         entry["max_rel_diff"] = worst
         if worst <= tolerance:
             entry["status"] = "ok"
@@ -120,8 +137,33 @@ def judge(
     return entries
 
 
+def _shard_rows(seen: Any, residual: Any, scale: Any, rows: int | None, tolerance: float) -> int | None:
+    """The rows of each rank's shard when the layer's tensors were sequence-parallel shards (vLLM's
+    sequence-parallel MoE: the forward's `rows`, padded to a multiple of the ranks, split in equal
+    chunks, rank r holding rows r * chunk ...), else None. `seen`: [world] rows each rank's tap
+    saw; `residual`: [world, tokens, K] its fingerprints. Shards have the chunk's size and hold
+    different tokens, so their residuals differ between ranks, where a whole residual (or a
+    micro-batch of dual-batch overlap, which no rank shards) is the same on every rank."""
+    import torch
+
+    world = int(seen.shape[0])
+    if world < 2 or rows is None or rows < 1 or bool(torch.isnan(seen).any()):
+        return None
+    chunk = -(-rows // world)
+    if any(int(value) != chunk for value in seen.tolist()):
+        return None
+    first = min(chunk, int(residual.shape[1]))
+    if first < 1:
+        return None
+    spread = max(
+        float(rel_prints(residual[r, :first], residual[0, :first], scale[:first]).max())
+        for r in range(1, world)
+    )
+    return chunk if not spread <= tolerance else None
+
+
 def _not_comparable(
-    taps: Any, site: int | None, layer_id: int, tokens: int, block: Any, prints: Any
+    taps: Any, site: int | None, layer_id: int, tokens: int, block: Any, prints: Any, chunk: int | None = None
 ) -> str | None:
     """Why there is nothing to compare id `layer_id` with, or None. `block`: [world, block_size]."""
     import torch
@@ -143,8 +185,11 @@ def _not_comparable(
             " made without the taps, e.g. served from a cache)"
         )
     short = [r for r in range(block.shape[0]) if block[r, 1] < tokens]
-    if short:
-        return f"the layer saw {int(block[short[0], 1])} rows for {tokens} tokens (sequence-parallel shards?)"
+    if short and chunk is None:
+        return (
+            f"the layer saw {int(block[short[0], 1])} rows for {tokens} tokens (micro-batches of"
+            " dual-batch overlap, or shards of a layout the check does not know)"
+        )
     if tokens > taps.max_tokens:
         return f"{tokens} tokens is more than the taps' buffers hold ({taps.max_tokens})"
     if bool(torch.isnan(prints).any()):

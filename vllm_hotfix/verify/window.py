@@ -1,10 +1,12 @@
 """The checked steps of one process together: the verdict, the one log line, the JSON report.
 
-A verdict is PASS (every covered step passed every check, on every rank), FAIL (a check failed on
-some rank at some step; the window ends there, on every rank at once), or UNKNOWN (nothing could
-be checked: the seam was not recognised, or no step carried aux states; or the check could not
-complete on some rank: its error, an exchange past its deadline, ranks armed differently; the
-window then ends there, and the note says which rank and why).
+A verdict is PASS (every checked step passed every check, on every rank, and every requested id
+was compared with its layer's stream on at least one of them), FAIL (a check failed on some rank
+at some step; the window ends there, on every rank at once), or UNKNOWN (not everything asked
+could be checked: the seam was not recognised, or no step carried aux states; the check could not
+complete on some rank: its error, an exchange past its deadline, ranks armed differently, and the
+window then ends there, the note saying which rank and why; or some id was `n/a` on every checked
+step, and `coverage` names it and why).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from vllm_hotfix.verify import settings as verify_settings
 from vllm_hotfix.verify.checks import StepCheck
+from vllm_hotfix.verify.outcome import coverage_text
 
 PASS, FAIL, UNKNOWN, SKIPPED = "PASS", "FAIL", "UNKNOWN", "SKIPPED"
 
@@ -81,7 +84,22 @@ class Window:
             return SKIPPED if self.note.startswith("skipped") else UNKNOWN
         if not self.checks:
             return UNKNOWN
-        return PASS if all(check.ok for check in self.checks) else FAIL
+        if not all(check.ok for check in self.checks):
+            return FAIL
+        return PASS if self.coverage()["ok"] else UNKNOWN  # an id never compared proves nothing
+
+    def coverage(self) -> dict[str, Any]:
+        """Which requested ids were compared with their layer's stream (`ok` or `FAIL`) on at least
+        one checked step; `ok` only when all were (the condition of a PASS)."""
+        ids = self.context.ids if self.context else []
+        entries = per_id(self.checks, ids)
+        missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in ("ok", "FAIL")]
+        return {
+            "ok": bool(self.checks) and not missing,
+            "ids": len(ids),
+            "compared": [e["id"] for e in entries if e["status"] in ("ok", "FAIL")],
+            "not_compared": missing,
+        }
 
     def summary(self) -> dict[str, Any]:
         checks = self.checks
@@ -121,6 +139,7 @@ class Window:
             },
             "failed_ranks": failed_ranks,
             "per_id": per_id(checks, ctx.ids if ctx else []),
+            "coverage": self.coverage(),
             "errors": self.errors,
             "exchange": {"ok": self.exchange_note is None, "note": self.exchange_note},
             "note": self.note,
@@ -163,6 +182,7 @@ class Window:
         ]
         if s["failed_ranks"]:
             parts.append("failed-on-ranks=[" + ",".join(map(str, s["failed_ranks"])) + "]")
+        parts.append("coverage=" + coverage_text(s["coverage"]))
         parts.append(f"verdict={s['verdict']}")
         text = " ".join(parts)
         if self.hint:
