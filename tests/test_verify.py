@@ -4,7 +4,8 @@ TP=2 (gloo), the hotfix installed as users install it (its wheel, with the vLLM 
 
 Each check is shown failing: a fault planted by test code in one rank's states
 (harness/child/sites/fault), the deepseek fix turned off, strict mode. One engine run per configuration,
-shared by the tests (module scope).
+shared by the tests (module scope). Every run is in vLLM's default mode for its release (compiled:
+torch.compile, the taps traced into the graph), except the one that says why it is eager.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
     plugin = install_plugin(testenv, tmp_path_factory.mktemp("verify-plugin"))
     cache: dict[tuple, dict[str, Any]] = {}
 
-    def run(tp: int, version: str = BUG, **env: str) -> dict[str, Any]:
-        key = (tp, version, tuple(sorted(env.items())))
+    def run(tp: int, version: str = BUG, eager: bool = False, **env: str) -> dict[str, Any]:
+        key = (tp, version, eager, tuple(sorted(env.items())))
         if key not in cache:
             work = tmp_path_factory.mktemp(f"verify-{version}-tp{tp}")
             args = [
@@ -45,7 +46,8 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
             ]
             args += ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
             args += ["--json"] if tp == 1 else []  # text at TP=2, one JSON document at TP=1
-            args += ["--", "--tensor-parallel-size", str(tp), "--max-model-len", "128", "--enforce-eager"]
+            args += ["--", "--tensor-parallel-size", str(tp), "--max-model-len", "128"]
+            args += ["--enforce-eager"] if eager else []
             extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), **env}
             if tp > 1:
                 extra.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -154,7 +156,6 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "1",
         "--max-model-len",
         "128",
-        "--enforce-eager",
     ]
     assert found["method"] == "extract_hidden_states" and found["ids"] == [1, 2, 4]
     assert found["workload"] == {
@@ -176,7 +177,8 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
 
 
 def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
-    run = verify(1, VLLM_HOTFIX_TEST_FAULT="0:-1", VLLM_HOTFIX_STRICT="1")
+    # eager: the extra case (--enforce-eager, which users may pass); the taps and a planted fault there too
+    run = verify(1, eager=True, VLLM_HOTFIX_TEST_FAULT="0:-1", VLLM_HOTFIX_STRICT="1")
     assert run["code"] == 1, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL" and report["final"]["ok"] is False, report

@@ -285,7 +285,7 @@ def test_dummy_weights_say_what_they_cannot_show(testenv, plugin, tiny_checkpoin
 
 @pytest.mark.vllm
 def test_timeout_exits_3_with_the_reason(testenv, plugin, tiny_checkpoint, tmp_path) -> None:
-    args = [str(tiny_checkpoint), "--timeout", "2", "--", "--max-model-len", "128", "--enforce-eager"]
+    args = [str(tiny_checkpoint), "--timeout", "2", "--", "--max-model-len", "128"]
     done = _verify(testenv, plugin, tmp_path, *args, timeout=300)
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     assert "--timeout 2 s expired while" in done.stdout and "the engine was shut down" in done.stdout
@@ -311,7 +311,6 @@ def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
         "--",
         "--max-model-len",
         "128",
-        "--enforce-eager",
     ]
     done = _verify(testenv, plugin, tmp_path, *args)
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]

@@ -23,33 +23,42 @@ IDS = [0, 1, 2, LAYERS]
 
 
 class Layer(torch.nn.Module):
-    def __init__(self, pair: bool = True) -> None:
+    """`form`: "pair" returns (hidden_states, residual); "none" the stream as (hidden_states, None)
+    (Gemma 4, MiniCPM); "tensor" the stream alone (Granite); "four" a 4-tuple (DeepSeek-V4-like)."""
+
+    def __init__(self, form: str = "pair") -> None:
         super().__init__()
         self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
-        self.pair = pair
+        self.form = form
 
     def forward(self, positions, hidden_states, residual):
         residual = hidden_states if residual is None else hidden_states + residual
         out = self.proj(torch.tanh(residual))
-        return (out, residual) if self.pair else (out, residual, out, residual)
+        if self.form == "none":
+            return out + residual, None
+        if self.form == "tensor":
+            return out + residual
+        return (out, residual) if self.form == "pair" else (out, residual, out, residual)
 
 
 class Backbone(torch.nn.Module):
-    def __init__(self, pair: bool = True) -> None:
+    def __init__(self, form: str = "pair", ids: tuple[int, ...] = tuple(IDS)) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.layers = torch.nn.ModuleList(Layer(pair) for _ in range(LAYERS))
-        self.aux_hidden_state_layers = tuple(IDS)
+        self.layers = torch.nn.ModuleList(Layer(form) for _ in range(LAYERS))
+        self.aux_hidden_state_layers = ids
 
     def forward(self, x):
         hidden, residual, aux = x, None, []
         for idx, layer in enumerate(self.layers):
             if idx in self.aux_hidden_state_layers:
                 aux.append(hidden if residual is None else hidden + residual)
-            hidden, residual = layer(None, hidden, residual)[:2]
+            out = layer(None, hidden, residual)
+            hidden, residual = (out, None) if isinstance(out, torch.Tensor) else out[:2]
+        stream = hidden if residual is None else hidden + residual
         if len(self.layers) in self.aux_hidden_state_layers:
-            aux.append(hidden + residual)
-        return hidden + residual, aux
+            aux.append(stream)
+        return stream, aux
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +85,19 @@ def _window(*checks) -> Window:
     return window
 
 
-def test_every_id_ok_eager_and_compiled() -> None:
+@pytest.mark.parametrize("form", ["pair", "none", "tensor"])
+def test_every_id_ok_eager_and_compiled(form: str) -> None:
+    """Layers that return the stream itself (one tensor, or (hidden_states, None)) are compared
+    too: the stream is that tensor."""
+    model = Backbone(form)
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+
+
+def test_a_window_of_compared_ids_passes_with_full_coverage() -> None:
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
@@ -120,9 +141,10 @@ PLANTED = {
 }
 
 
+@pytest.mark.parametrize("form", ["pair", "tensor"])
 @pytest.mark.parametrize("fault", sorted(PLANTED))
-def test_a_planted_fault_fails_its_ids(fault) -> None:
-    model = Backbone()
+def test_a_planted_fault_fails_its_ids(fault: str, form: str) -> None:
+    model = Backbone(form)
     taps = taps_mod.attach(model, HIDDEN, 64)
     plant, expected = PLANTED[fault]
     statuses, found = _check(model, taps, plant)
@@ -186,12 +208,15 @@ def test_after_the_window_the_taps_stop() -> None:
 
 def test_layers_of_another_form_are_na() -> None:
     """DeepSeek-V4-like layers (more than a (hidden_states, residual) pair): nothing compared."""
-    model = Backbone(pair=False)
-    taps = taps_mod.attach(model, HIDDEN, 64)
-    statuses, found = _check(model, taps)
-    assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
-    assert "not (hidden_states, residual)" in found.per_id[1]["why"]
-    assert _window(found).verdict == "UNKNOWN"  # nothing compared: never a PASS
+    for compiled in (False, True):  # the form is seen in both modes (through the op)
+        model = Backbone("four")
+        taps = taps_mod.attach(model, HIDDEN, 64)
+        forward = torch.compile(model.forward, fullgraph=True) if compiled else model
+        statuses, found = _check(model, taps, forward=forward)
+        assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
+        assert "Layer returns neither (hidden_states, residual) nor one" in found.per_id[1]["why"]
+        assert found.per_id[0]["why"] == found.per_id[1]["why"]  # id 0 too: its layer is of that form
+        assert _window(found).verdict == "UNKNOWN"  # nothing compared: never a PASS
 
 
 class _Norm(torch.nn.Module):
@@ -255,7 +280,7 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
         seen = min(chunk, capacity)
         tap[0, :seen] = (hidden[shard] @ proj)[:seen]
         tap[1, :seen] = (residual[shard] @ proj)[:seen]
-    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    taps = SimpleNamespace(site=lambda layer_id: 1, form=lambda row: None, max_tokens=64, start=0, sites=2)
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
     return reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, capacity, rows)[0]
 
@@ -292,7 +317,86 @@ def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
         blocks[r, 0, :2] = torch.tensor([2.0, 4.0])  # two calls, the last of 4 rows
         tap = blocks[r, 0, reference.HEAD :].view(2, tokens, checks.K)
         tap[0, :4], tap[1, :4] = hidden[4:] @ proj, residual[4:] @ proj
-    taps = SimpleNamespace(site=lambda layer_id: 1, forms={1: "pair"}, max_tokens=64, start=0, sites=2)
+    taps = SimpleNamespace(site=lambda layer_id: 1, form=lambda row: None, max_tokens=64, start=0, sites=2)
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
     entry = reference.judge([1], tokens, *every, blocks, 2e-2, taps, None, tokens, tokens)[0]
     assert entry["status"] == "n/a" and "the layer saw 4 rows for 8 tokens" in entry["why"], entry
+
+
+def compiled_first_in_a_fresh_process() -> dict:
+    """Run in a fresh interpreter: attach, then the first forward ever is compiled with
+    fullgraph=True, as vLLM traces its models (the op must already be registered then)."""
+    import torch
+
+    from tests.test_verify_taps import IDS, LAYERS, TOKENS, Backbone
+    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.verify.checks import check_step
+
+    namespace, name = taps_mod.OP.split("::")
+    model = Backbone()
+    before = hasattr(getattr(torch.ops, namespace), name)
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    with torch.no_grad():
+        out, aux = torch.compile(model.forward, fullgraph=True)(torch.randn(TOKENS, HIDDEN))
+    found = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    return {"registered_before": before, "statuses": [e["status"] for e in found.per_id]}
+
+
+def test_a_compiled_first_forward_in_a_fresh_process_taps() -> None:
+    """vLLM's first forward is Dynamo's trace: the taps' op is registered by `attach`, never by a
+    hook (Dynamo refuses torch.library inside a trace, and vLLM then fails to start)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]);"
+        " from tests.test_verify_taps import compiled_first_in_a_fresh_process as f;"
+        " print(json.dumps(f()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(root)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found == {"registered_before": False, "statuses": ["ok", "ok", "ok", "ok"]}, found
+
+
+def test_only_the_sites_the_ids_need_are_tapped() -> None:
+    model = Backbone(ids=(2,))
+    taps = taps_mod.attach(model, HIDDEN, 64, ids=[2])
+    hooked = [i for i, layer in enumerate(model.layers) if layer._forward_hooks or layer._forward_pre_hooks]
+    assert hooked == [1] and taps.rows == {2: 0} and tuple(taps.fp_hidden.shape) == (1, 64, 8)
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    found = check_step(aux, out, [2], TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+    assert [e["status"] for e in found.per_id] == ["ok"], found.per_id
+
+
+class _Target(torch.nn.Module):
+    """A loaded model as vLLM's runner sees it: `set_aux_hidden_state_layers` sets the backbone's ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Backbone(ids=())
+        self.config = type("Config", (), {"hidden_size": HIDDEN})()
+
+    def set_aux_hidden_state_layers(self, layers) -> None:
+        self.model.aux_hidden_state_layers = tuple(layers)
+
+
+def test_taps_only_when_the_engine_asks_the_model_for_aux_states() -> None:
+    """At load nothing is tapped; the runner's call of `set_aux_hidden_state_layers` (the target
+    only, and only when the engine wants aux states) attaches the taps for those ids; a draft
+    loaded by the same loader is never asked and stays untapped."""
+    target, draft = _Target(), _Target()
+    for model in (target, draft):
+        taps_mod.attach_loaded(model)
+        assert taps_mod.of(model.model) is None
+    target.set_aux_hidden_state_layers((1, LAYERS))
+    taps = taps_mod.of(target.model)
+    assert taps is not None and taps.rows == {1: 0, LAYERS: 1} and taps_mod.of(draft.model) is None
+    assert "set_aux_hidden_state_layers" not in vars(target)  # vLLM's own method again
+    assert target.model.aux_hidden_state_layers == (1, LAYERS)

@@ -172,9 +172,9 @@ def _not_comparable(
         return "no taps on this model (its decoder layers were not found at load, or not tapped)"
     if site is None:
         last = taps.start + taps.sites - 1
-        return f"id {layer_id} is not a boundary of this rank's layers {taps.start}..{last}"
-    form = taps.forms.get(site if site > 0 else 1)
-    if form is not None and form != "pair":
+        return f"id {layer_id} is not tapped on this rank (its layers' boundaries {taps.start}..{last})"
+    form = taps.form(site)
+    if form is not None:
         return form
     if bool(torch.isnan(block[:, 0]).any()):
         return "a rank has no tap for this id"

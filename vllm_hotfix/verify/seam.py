@@ -194,9 +194,7 @@ class _Step:
 
         self.taps = taps_mod.of(self.holder) if self.holder is not None else None
         self.final_id = int(layers) if isinstance(layers, int) else None
-        odd = sorted(
-            {form for form in (self.taps.forms.values() if self.taps else ()) if form != taps_mod.PAIR}
-        )
+        odd = self.taps.odd_forms() if self.taps else []
         if odd and self.final_norm is not None:
             # e.g. DeepSeek-V4's hyper-connection layers: its final aux is the model's own definition
             # (a mean over the streams), not the final norm's input

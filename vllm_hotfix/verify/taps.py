@@ -2,25 +2,33 @@
 
 The aux state of id k is, by vLLM's convention, the residual stream entering decoder layer k
 (`hidden_states + residual`, pre-norm; id 0: the embeddings entering layer 0; id N, the number of
-layers: the final norm's input sum, which is what layer N-1 returns). So, when the check is on, the
-model gets, at load (before vLLM compiles or captures it):
+layers: the final norm's input sum, which is what layer N-1 returns). So, when the check is on and
+the engine asks the target model for aux states (vLLM calls its `set_aux_hidden_state_layers`,
+right after loading it and before it compiles or captures it), the model gets, for each requested
+id at a boundary of this rank's layers:
 
-- a forward pre-hook on its first decoder layer (site 0: the `hidden_states`, and `residual` if
-  any, it is called with) and a forward hook on every decoder layer k-1 (site k: the
-  `(hidden_states, residual)` pair it returns, which layer k receives);
+- id = the first local layer: a forward pre-hook on that layer (the `hidden_states`, and
+  `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
+  returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
+  tensor or `(hidden_states, None)`);
 - each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
   both tensors (each token projected on the check's K fixed directions, `checks.projection`) into
-  fixed preallocated buffers (`out=`), and counts its call. It mutates only its own buffers: the
-  model's tensors are neither copied into the model's path nor replaced (a tap that handed the
-  layer a copy would hide exactly the in-place aliasing it must see), so vLLM's compiled graph
-  keeps the op (a mutation of its inputs) and a CUDA graph replays it like any kernel.
+  fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
+  its own buffers: the model's tensors are neither copied into the model's path nor replaced (a
+  tap that handed the layer a copy would hide exactly the in-place aliasing it must see), so
+  vLLM's compiled graph keeps the op (a mutation of its inputs) and a CUDA graph replays it.
+
+Compiled engines trace the hooks (Dynamo, `fullgraph=True`): the op is registered when the taps
+are made, never inside a hook (Dynamo refuses `torch.library` there), and a hook has no Python side
+effect (Dynamo would turn it into replayed bytecode, which vLLM refuses under CUDA graphs): all it
+learns goes through the op into the buffers, the form of a layer included.
 
 The fingerprint is linear, so a per-rank partial `hidden_states` (a row-parallel output whose
 all-reduce vLLM fuses into the next norm) gives the reduced stream's fingerprint as the sum of the
 ranks' fingerprints plus the residual's: no collective beyond the check's own exchange
 (reference.py). The op reads a flag first: after the window it returns at once in eager mode and in
 a compiled graph (the op stays opaque to the compiler); a CUDA graph captured while the window was
-open still writes the few floats per token per layer. With the check off nothing is registered.
+open still writes the few floats per token per tapped layer. With the check off nothing is registered.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import inspect
 import logging
 import textwrap
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger("vllm.hotfix")
@@ -37,10 +46,14 @@ logger = logging.getLogger("vllm.hotfix")
 OP = "vllm_hotfix_verify::tap"
 DEFAULT_MAX_TOKENS = 8192  # when vLLM's max_num_batched_tokens is not readable at load
 SCHEMA = (
-    "(Tensor hidden, Tensor? residual, Tensor projection, Tensor(a!) fp_hidden, Tensor(b!) fp_residual,"
-    " Tensor(c!) meta, int site) -> ()"
+    "(Tensor? hidden, Tensor? residual, Tensor projection, Tensor(a!) fp_hidden, Tensor(b!) fp_residual,"
+    " Tensor(c!) meta, int site, int form) -> ()"
 )
-PAIR = "pair"  # the form of a layer that returns (hidden_states, residual)
+# The form of what a site saw (meta[site, 2]): the stream is hidden + residual (PAIR), or hidden
+# alone (STREAM: one tensor, `(hidden_states, None)`, or layer 0's input without a residual); OTHER:
+# neither (e.g. DeepSeek-V4's hyper-connection streams), nothing compared.
+UNSEEN, PAIR, STREAM, OTHER = 0, 1, 2, 3
+META = 3  # calls, rows written, form
 
 _state = {"active": True}
 _registry: weakref.WeakKeyDictionary[Any, Taps] = weakref.WeakKeyDictionary()
@@ -59,31 +72,43 @@ def _tap(
     fp_residual: Any,
     meta: Any,
     site: int,
+    form: int,
 ) -> None:
     """Fingerprints of `hidden` and `residual` (None: zeros) into row `site` of the buffers;
-    meta[site] = (calls, rows written)."""
-    import torch
-
+    meta[site] = (calls, rows written, form)."""
     if not _state["active"]:
         return
+    meta[site, 0] += 1
+    meta[site, 2].fill_(form)
+    if hidden is None:  # OTHER: only the form is noted
+        meta[site, 1].fill_(0)
+        return
     rows = min(int(hidden.shape[0]), int(fp_hidden.shape[1]))
+    import torch
+
     torch.matmul(hidden[:rows].float(), projection, out=fp_hidden[site, :rows])
     if residual is None:
         fp_residual[site, :rows].zero_()
     else:
         torch.matmul(residual[:rows].float(), projection, out=fp_residual[site, :rows])
-    meta[site, 0] += 1
     meta[site, 1].fill_(int(hidden.shape[0]))
 
 
 def _fake(
-    hidden: Any, residual: Any, projection: Any, fp_hidden: Any, fp_residual: Any, meta: Any, site: int
+    hidden: Any,
+    residual: Any,
+    projection: Any,
+    fp_hidden: Any,
+    fp_residual: Any,
+    meta: Any,
+    site: int,
+    form: int,
 ) -> None:
     return None
 
 
 def tap_op() -> Any:
-    """The custom op, registered once per process."""
+    """The custom op, registered once per process. Call it outside any trace (module docstring)."""
     import torch
 
     namespace, name = OP.split("::")
@@ -96,115 +121,141 @@ def tap_op() -> Any:
 
 
 class Taps:
-    """The taps of one model (its module that holds `layers`): buffers, sites, what each site saw."""
+    """The taps of one model (its module that holds `layers`): buffers, sites, what each site saw.
+    A site is a requested id at a boundary of this rank's layers; `rows` maps the id to its row."""
 
-    def __init__(self, holder: Any, layers: Any, start: int, max_tokens: int, hidden_size: int) -> None:
+    def __init__(
+        self, holder: Any, start: int, count: int, ids: Sequence[int], max_tokens: int, hidden_size: int
+    ) -> None:
         import torch
 
         from vllm_hotfix.verify.checks import K, projection
 
         device = next((p.device for p in holder.parameters()), torch.device("cpu"))
+        self.op = tap_op()  # before any trace: Dynamo refuses to register it inside one
         self.holder_name = type(holder).__name__
         self.start = start
-        self.sites = len(layers) + 1  # site s: the stream entering layer start + s
+        self.sites = count + 1  # the boundaries start .. start + count of this rank's layers
+        self.rows = {layer_id: row for row, layer_id in enumerate(sorted(set(ids)))}
         self.max_tokens = max_tokens
         self.hidden_size = hidden_size
         self.projection = projection(hidden_size, device)
-        self.fp_hidden = torch.zeros(self.sites, max_tokens, K, dtype=torch.float32, device=device)
+        shape = (len(self.rows), max_tokens, K)
+        self.fp_hidden = torch.zeros(shape, dtype=torch.float32, device=device)
         self.fp_residual = torch.zeros_like(self.fp_hidden)
-        self.meta = torch.zeros(self.sites, 2, dtype=torch.int64, device=device)
-        self.seen = torch.zeros(self.sites, dtype=torch.int64, device=device)  # calls at the last check
-        self.forms: dict[int, str] = {}  # site: PAIR or what the layer returned instead (at trace)
+        self.meta = torch.zeros(len(self.rows), META, dtype=torch.int64, device=device)
+        self.seen = torch.zeros(len(self.rows), dtype=torch.int64, device=device)  # calls at the last check
+        self.layer_names: dict[int, str] = {}  # row: the class of the layer its hook is on
+        self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
 
     def site(self, layer_id: int) -> int | None:
-        s = layer_id - self.start
-        return s if 0 <= s < self.sites else None
+        """The buffer row of id `layer_id`, None when it is not tapped here."""
+        return self.rows.get(layer_id)
 
-    def _call(self, hidden: Any, residual: Any, site: int) -> None:
-        tap_op()(hidden, residual, self.projection, self.fp_hidden, self.fp_residual, self.meta, site)
+    def form(self, row: int) -> str | None:
+        """Why row `row` cannot be compared because of the layer's form, or None."""
+        if self.bypassed is not None:
+            return self.bypassed
+        if int(self.meta[row, 2]) != OTHER:
+            return None
+        name = self.layer_names.get(row, "the layer")
+        return f"{name} returns neither (hidden_states, residual) nor one hidden_states tensor"
 
-    def entry_hook(self, layer: Any) -> Any:
+    def odd_forms(self) -> list[str]:
+        return sorted({why for row in range(len(self.rows)) if (why := self.form(row)) is not None})
+
+    def _tensor(self, value: Any) -> bool:
         import torch
 
+        return isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == self.hidden_size
+
+    def entry_hook(self, layer: Any, row: int) -> Any:
         names = list(inspect.signature(layer.forward).parameters)
 
         def pre(module: Any, args: tuple, kwargs: dict) -> None:
             bound = dict(zip(names, args, strict=False)) | kwargs
             hidden, residual = bound.get("hidden_states"), bound.get("residual")
-            if isinstance(hidden, torch.Tensor) and (residual is None or isinstance(residual, torch.Tensor)):
-                self._call(hidden, residual, 0)
+            if self._tensor(hidden) and residual is None:
+                self.op(hidden, None, *self._out(row), STREAM)
+            elif self._tensor(hidden) and self._tensor(residual):
+                self.op(hidden, residual, *self._out(row), PAIR)
+            else:
+                self.op(None, None, *self._out(row), OTHER)
             return None
 
         return pre
 
-    def exit_hook(self, site: int) -> Any:
-        import torch
+    def exit_hook(self, row: int, form_only: bool = False) -> Any:
+        """What the layer returns, at `row`; `form_only`: only a form that is neither (on the first
+        layer, whose input the entry hook taps: its stream means nothing for such a model)."""
 
         def post(module: Any, args: tuple, output: Any) -> None:
-            pair = (
-                isinstance(output, tuple)
-                and len(output) == 2
-                and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in output)
-                and output[0].shape == output[1].shape
-            )
-            # The form is noted in eager calls only: a dict written while Dynamo traces becomes a
-            # replayed `update` in the compiled bytecode, which vLLM refuses under CUDA graphs
-            # (tests/test_verify_taps.py). A compiled layer of another form just never taps (n/a).
-            note = not torch.compiler.is_compiling()
-            if not pair:
-                if note:
-                    kind = (
-                        f"{type(output).__name__} of {len(output)}"
-                        if isinstance(output, tuple)
-                        else "one tensor"
-                    )
-                    self.forms[site] = (
-                        f"{type(module).__name__} returns a {kind}, not (hidden_states, residual)"
-                    )
-                return None
-            if note:
-                self.forms[site] = PAIR
-            self._call(output[0], output[1], site)
+            # no Python side effect here (module docstring): what the hook learns goes through the op
+            hidden, residual, form = None, None, OTHER
+            if self._tensor(output):
+                hidden, form = output, STREAM
+            elif isinstance(output, tuple) and len(output) == 2 and self._tensor(output[0]):
+                if output[1] is None:
+                    hidden, form = output[0], STREAM
+                elif self._tensor(output[1]) and output[1].shape == output[0].shape:
+                    hidden, residual, form = output[0], output[1], PAIR
+            if form == OTHER or not form_only:
+                self.op(hidden, residual, *self._out(row), form)
             return None
 
         return post
 
+    def _out(self, row: int) -> tuple[Any, Any, Any, Any, int]:
+        return self.projection, self.fp_hidden, self.fp_residual, self.meta, row
+
 
 def decoder_layers(model: Any) -> tuple[Any, Any, int] | None:
-    """(the module that holds the decoder layers and the aux ids, its layers, its first layer id)."""
+    """(the module that holds the decoder layers and the aux ids, its layers, its first layer id);
+    a holder whose aux ids are set first (a multimodal model's language model, not its tower)."""
     import torch
 
-    for module in model.modules():
-        layers = getattr(module, "layers", None)
-        if (
-            isinstance(layers, torch.nn.ModuleList)
-            and len(layers)
-            and hasattr(module, "aux_hidden_state_layers")
-        ):
-            return module, layers, int(getattr(module, "start_layer", 0) or 0)
-    return None
+    found = [
+        module
+        for module in model.modules()
+        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList)
+        and len(module.layers)
+        and hasattr(module, "aux_hidden_state_layers")
+    ]
+    found.sort(key=lambda module: not module.aux_hidden_state_layers)
+    if not found:
+        return None
+    holder = found[0]
+    return holder, holder.layers, int(getattr(holder, "start_layer", 0) or 0)
 
 
-def attach(model: Any, hidden_size: int, max_tokens: int | None = None) -> Taps | None:
-    """Register the taps on `model` (before compilation); None when it has no decoder layers to tap.
-    Only this rank's layers (start_layer..end_layer under pipeline parallelism) are tapped."""
+def attach(
+    model: Any, hidden_size: int, max_tokens: int | None = None, ids: Sequence[int] | None = None
+) -> Taps | None:
+    """Register the taps on `model` (before compilation) for `ids` (None: every boundary of its
+    layers); None when it has no decoder layers to tap. Only this rank's layers (start_layer ..
+    end_layer under pipeline parallelism) are tapped, and only where a requested id needs it."""
     found = decoder_layers(model)
     if found is None:
         return None
     holder, layers, start = found
     if holder in _registry:
         return _registry[holder]
-    end = int(getattr(holder, "end_layer", len(layers)) or len(layers))
-    local = [layers[i] for i in range(start, min(end, len(layers)))]
+    end = min(int(getattr(holder, "end_layer", len(layers)) or len(layers)), len(layers))
+    local = list(range(start, end))
     if not local:
         return None
-    taps = Taps(holder, local, start, max_tokens or DEFAULT_MAX_TOKENS, hidden_size)
-    reason = _bypassed(holder)
-    if reason is not None:  # every id n/a with this reason, not "the tap did not run"
-        taps.forms.update(dict.fromkeys(range(1, taps.sites), reason))
-    local[0].register_forward_pre_hook(taps.entry_hook(local[0]), with_kwargs=True)
-    for offset, layer in enumerate(local):
-        layer.register_forward_hook(taps.exit_hook(offset + 1))
+    wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
+    taps = Taps(holder, start, len(local), list(wanted), max_tokens or DEFAULT_MAX_TOKENS, hidden_size)
+    for layer_id, row in taps.rows.items():
+        if layer_id == start:
+            layer = layers[start]
+            layer.register_forward_pre_hook(taps.entry_hook(layer, row), with_kwargs=True)
+            layer.register_forward_hook(taps.exit_hook(row, form_only=True))
+        else:
+            layer = layers[layer_id - 1]
+            layer.register_forward_hook(taps.exit_hook(row))
+        taps.layer_names[row] = type(layer).__name__
+    taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
     _registry[holder] = taps
     return taps
 
@@ -250,8 +301,38 @@ def of(holder: Any) -> Taps | None:
     return _registry.get(holder)
 
 
+SETTER = "set_aux_hidden_state_layers"  # what vLLM's runners call on the target model, and only there
+
+
 def attach_loaded(model: Any) -> None:
-    """At model load in a vLLM worker (the loader's return value): attach with vLLM's sizes."""
+    """At model load in a vLLM worker (the loader's return value): the taps are attached when the
+    engine asks this model for aux states, i.e. when the runner calls its `set_aux_hidden_state_layers`
+    (after the load, before any compile or capture). A draft model is loaded by the same loader but
+    never asked: it gets no taps. The instance's method is vLLM's own again after that call."""
+    setter = getattr(model, SETTER, None)
+    if setter is None or SETTER in vars(model):
+        return
+    sizes = _sizes(model)  # vLLM's config is current while it loads the model
+
+    def set_aux_hidden_state_layers(layers: Any) -> Any:
+        vars(model).pop(SETTER, None)  # vLLM's own method again
+        result = setter(layers)
+        try:
+            if sizes is not None:
+                attach(model, sizes[0], sizes[1], [int(i) for i in layers])
+        except Exception as error:
+            from vllm_hotfix import containment
+
+            if containment.strict_requested():
+                raise
+            containment.report_error("verify: taps not registered", error)
+        return result
+
+    vars(model)[SETTER] = set_aux_hidden_state_layers
+
+
+def _sizes(model: Any) -> tuple[int, int] | None:
+    """(hidden size, most tokens per step) from vLLM's current config, else the model's config."""
     try:
         from vllm.config import get_current_vllm_config
 
@@ -263,5 +344,4 @@ def attach_loaded(model: Any) -> None:
     if hidden is None:
         config = getattr(model, "config", None)
         hidden = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_size", None)
-    if hidden:
-        attach(model, int(hidden), max_tokens)
+    return (int(hidden), max_tokens) if hidden else None
