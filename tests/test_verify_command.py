@@ -90,7 +90,7 @@ def test_a_window_cut_short_is_not_a_pass() -> None:
 def test_an_id_not_compared_is_not_a_pass() -> None:
     """Issue 34: count, shape and finiteness alone never PASS. A worker whose window compared every
     id but one says UNKNOWN (window.py); the run is UNKNOWN, exit 2, naming the id and why."""
-    why = "id 1 is not a boundary of this rank's layers 2..3"
+    why = "id 1 is not tapped on this rank (its layers' boundaries 2..3)"
     partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
     reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
     done = judge(reports, RUN, World(2))

@@ -191,7 +191,7 @@ def test_an_id_compared_on_one_step_is_covered() -> None:
     assert {e["id"]: e["status"] for e in partly.per_id} == {0: "ok", 1: "ok", 2: "n/a", 4: "ok"}
     window = _window(partly)
     assert window.verdict == "UNKNOWN" and window.coverage()["not_compared"] == [
-        {"id": 2, "why": "id 2 is not a boundary of this rank's layers 0..4"}
+        {"id": 2, "why": "id 2 is not tapped on this rank (its layers' boundaries 0..4)"}
     ]
 
 
