@@ -153,16 +153,19 @@ class Taps:
         return self.rows.get(layer_id)
 
     def form(self, row: int) -> str | None:
-        """Why row `row` cannot be compared because of the layer's form, or None."""
-        if self.bypassed is not None:
-            return self.bypassed
+        """Why row `row` cannot be compared: no hook can fire (`bypassed`), or the layer's form."""
+        return self.bypassed or self._layer_form(row)
+
+    def _layer_form(self, row: int) -> str | None:
         if int(self.meta[row, 2]) != OTHER:
             return None
         name = self.layer_names.get(row, "the layer")
         return f"{name} returns neither (hidden_states, residual) nor one hidden_states tensor"
 
     def odd_forms(self) -> list[str]:
-        return sorted({why for row in range(len(self.rows)) if (why := self.form(row)) is not None})
+        """The layers' odd forms only: a bypassed forward's layers may well be of the usual form, and
+        its final id is still the final norm's input (seam.py checks it against that norm)."""
+        return sorted({why for row in range(len(self.rows)) if (why := self._layer_form(row)) is not None})
 
     def _tensor(self, value: Any) -> bool:
         import torch
