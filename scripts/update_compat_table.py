@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import sys
 import time
@@ -23,16 +22,9 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
+from tests.recorded import recorded  # noqa: E402  (the releases tests/sources/index.json records)
 from vllm_hotfix import releases  # noqa: E402
 from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
-
-INDEX = os.path.join(ROOT, "tests", "sources", "index.json")
-
-
-def recorded(index_path: str = INDEX) -> set[tuple[str, str]]:
-    """The (dist, version) pairs the stored sources record."""
-    with open(index_path, encoding="utf-8") as handle:
-        return {(row["dist"], row["version"]) for row in json.load(handle)["releases"]}
 
 
 def main(argv: list[str] | None = None) -> int:
