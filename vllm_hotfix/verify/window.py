@@ -88,11 +88,12 @@ class Window:
             return FAIL
         return PASS if self.coverage()["ok"] else UNKNOWN  # an id never compared proves nothing
 
-    def coverage(self) -> dict[str, Any]:
+    def coverage(self, entries: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """Which requested ids were compared with their layer's stream (`ok` or `FAIL`) on at least
-        one checked step; `ok` only when all were (the condition of a PASS)."""
+        one checked step; `ok` only when all were (the condition of a PASS). `entries`: the
+        window's `per_id`, when the caller has it already."""
         ids = self.context.ids if self.context else []
-        entries = per_id(self.checks, ids)
+        entries = per_id(self.checks, ids) if entries is None else entries
         missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in ("ok", "FAIL")]
         return {
             "ok": bool(self.checks) and not missing,
@@ -107,6 +108,7 @@ class Window:
         count_bad = next((c for c in checks if not c.count_ok), None)
         final = [c for c in checks if c.final_ok is not None]
         failed_ranks = sorted({r for c in checks for r in c.failed_ranks})
+        entries = per_id(checks, ctx.ids if ctx else [])
         return {
             "verdict": self.verdict,
             "run_id": verify_settings.read().run_id,  # the `vllm-hotfix verify` run, if one started us
@@ -138,8 +140,8 @@ class Window:
                 ),
             },
             "failed_ranks": failed_ranks,
-            "per_id": per_id(checks, ctx.ids if ctx else []),
-            "coverage": self.coverage(),
+            "per_id": entries,
+            "coverage": self.coverage(entries),
             "errors": self.errors,
             "exchange": {"ok": self.exchange_note is None, "note": self.exchange_note},
             "note": self.note,
