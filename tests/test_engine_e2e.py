@@ -73,7 +73,8 @@ def test_stock_cpu_build_cannot_run_any_speculative_method(engine) -> None:
     )
 
 
-@pytest.mark.parametrize("mode", ["eager", "compile"])
+# eager repeats the compiled reproduction: the long suite (CI time, issue 37)
+@pytest.mark.parametrize("mode", [pytest.param("eager", marks=pytest.mark.long), "compile"])
 def test_without_the_fix_the_bug_crashes(engine, mode: str) -> None:
     """Proves the test reproduces the bug: the deepseek fix off, the sampler fix on."""
     unfixed = engine("import", "1,2,4", mode, VLLM_HOTFIX_DISABLE="deepseek-final-aux")
@@ -82,11 +83,17 @@ def test_without_the_fix_the_bug_crashes(engine, mode: str) -> None:
     assert "decision='disabled'" in unfixed["log"]
 
 
-@pytest.mark.parametrize("way", ["plugin", "site", "import"])
+# The plugin way in, in vLLM's default mode (the run test_default_compilation_is_fixed shares); the
+# site hook and the import eager (each a way the hotfix gets in, not a mode: one compiled run is enough).
+WAYS = {"plugin": "compile", "site": "eager", "import": "eager"}
+
+
+@pytest.mark.parametrize("way", sorted(WAYS))
 def test_each_way_in_fixes_the_engine(engine, way: str) -> None:
-    fixed = engine(way, "1,2,4")
-    upstream = engine("stock", "1,2,4", version=FIXED)
-    assert_same_states(fixed, upstream, f"{way}, eager")
+    mode = WAYS[way]
+    fixed = engine(way, "1,2,4", mode)
+    upstream = engine("stock", "1,2,4", mode, version=FIXED)
+    assert_same_states(fixed, upstream, f"{way}, {mode}")
     assert all(call["patched"] for call in fixed["calls"]), "the engine core ran an unpatched model"
     core_pid = fixed["calls"][0]["pid"]
     assert f"vllm-hotfix pid={core_pid} vllm=0.24.0 fix=deepseek-final-aux decision='patched'" in fixed["log"]
