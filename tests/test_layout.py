@@ -83,6 +83,37 @@ def test_runtime_core_fixes_and_release_tooling_each_in_their_own_place() -> Non
     assert tooling_modules, "no release tooling found where it belongs"
 
 
+def test_no_import_circles_in_the_package() -> None:
+    """No two modules of the package import each other, directly or round a longer circle, counting
+    imports inside functions too (verify/checks.py and verify/reference.py did: issue 34). An edge
+    `from vllm_hotfix import settings` goes to that module, not to the package's __init__."""
+    package = REPO / "vllm_hotfix"
+    modules = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in package.rglob("*.py")
+    }
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                subs = {f"{node.module}.{alias.name}" for alias in node.names} & modules.keys()
+                found |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+        edges[name] = (found & modules.keys()) - {name}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for step in edges[start] - seen:
+            seen.add(step)
+            if step == goal or reaches(step, goal, seen):
+                return True
+        return False
+
+    circles = sorted(name for name in modules if reaches(name, name, set()))
+    assert circles == [], f"modules on an import circle: {circles}"
+
+
 # The repository's non-package code, by job: harness/ (drivers used from the test process),
 # harness/child/ (what runs inside a child interpreter), gpu/ (the GPU kit), benchmarks/, scripts/.
 CHILD = REPO / "harness" / "child"

@@ -16,18 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Fingerprint: each token's state projected on K fixed random directions (seed SEED, N(0, 1/hidden)
-# entries), so a fingerprint entry has the scale of the state's root mean square. K = 8 makes the
-# chance that a real difference is orthogonal to all directions negligible, at 8 floats per token.
-# Each state's row also sends its own norm in fingerprint units (`scale`: ||row|| * sqrt(K/hidden),
-# what ||row @ projection|| is on average), the denominator of every comparison (`rel_prints`, or
-# the reference fingerprint's norm where larger: a zero state then reads 1, not infinity). Dividing
-# by the fingerprint's norm alone, a chi variable with K degrees of freedom, gave the ratio a heavy
-# tail (about 1 token in 100k of correct bf16 states over 2e-2 after a bf16 ring all-reduce at
-# TP=8); the true norm leaves only the numerator's chi tail (docs/verification.md, measured by
-# tests/test_verify_statistic.py).
-K = 8
-SEED = 20260119
+from vllm_hotfix.verify import reference
+from vllm_hotfix.verify.reference import K, projection, rel_prints
 
 # Tolerances on the relative disagreement (per token: |fingerprint difference| / the state's `scale`),
 # and on the final-id check (per token: |norm(state) - output| / |output|). The states of a TP group
@@ -49,21 +39,6 @@ def tolerance(dtype: Any) -> float:
     import torch
 
     return TOLERANCE_32BIT if dtype in (torch.float32, torch.float64) else TOLERANCE_16BIT
-
-
-_projections: dict[tuple[int, str], Any] = {}
-
-
-def projection(hidden: int, device: Any) -> Any:
-    """The fixed [hidden, K] float32 projection, the same on every rank (a seeded CPU generator)."""
-    import torch
-
-    key = (hidden, str(device))
-    if key not in _projections:
-        generator = torch.Generator().manual_seed(SEED)
-        matrix = torch.randn(hidden, K, generator=generator, dtype=torch.float32) / hidden**0.5
-        _projections[key] = matrix.to(device)
-    return _projections[key]
 
 
 @dataclass
@@ -131,17 +106,6 @@ def rel_rows(a: Any, b: Any) -> Any:
     difference = torch.linalg.vector_norm(a - b, dim=-1)
     scale = torch.linalg.vector_norm(b, dim=-1)
     return torch.where(difference == 0, torch.zeros_like(difference), difference / scale.clamp_min(1e-30))
-
-
-def rel_prints(a: Any, b: Any, scale: Any) -> Any:
-    """Per row of fingerprints: |a - b| over the larger of `scale` (a state's true row norm in
-    fingerprint units, `fingerprints`) and |b| (the reference's fingerprint): 0 where a equals b,
-    never inf (a zero state against a non-zero reference gives 1); NaN (a missing state) stays NaN."""
-    import torch
-
-    difference = torch.linalg.vector_norm(a - b, dim=-1)
-    scale = torch.maximum(scale, torch.linalg.vector_norm(b, dim=-1))
-    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale)
 
 
 def _final_fails(value: float, limit: float) -> bool:
@@ -257,8 +221,6 @@ def check_step(
     capacity = max(int(max_tokens or tokens), 1)
     checked = min(tokens, capacity)  # a longer step is checked on its first `capacity` tokens
     wanted = len(ids)
-    from vllm_hotfix.verify import reference
-
     size = body_size(ids, capacity) + len(ids) * reference.block_size(capacity)
     count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
     rows = None  # the forward's rows (padding included): tells sequence-parallel shards (reference.py)

@@ -13,7 +13,7 @@ After the exchange every rank judges every rank's states the same way:
   otherwise the rank's own two fingerprints summed;
 - the id is `ok` when every rank's captured fingerprint is within the tolerance of that stream
   (per token: |difference| over the larger of the captured state's true row norm and the
-  stream's fingerprint norm, checks.rel_prints), `FAIL` with the largest relative difference
+  stream's fingerprint norm, rel_prints), `FAIL` with the largest relative difference
   otherwise, and `n/a` with the reason when there is nothing to compare with;
 - under sequence-parallel MoE each rank's tap holds its shard of the rows (`_shard_rows`): each
   token is compared with the row of the rank that holds it.
@@ -24,9 +24,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.verify.checks import K, rel_prints
-
+# Fingerprint: each token's state projected on K fixed random directions (seed SEED, N(0, 1/hidden)
+# entries), so a fingerprint entry has the scale of the state's root mean square. K = 8 makes the
+# chance that a real difference is orthogonal to all directions negligible, at 8 floats per token.
+# Each state's row also sends its own norm in fingerprint units (`scale`: ||row|| * sqrt(K/hidden),
+# what ||row @ projection|| is on average), the denominator of every comparison (`rel_prints`, or
+# the reference fingerprint's norm where larger: a zero state then reads 1, not infinity). Dividing
+# by the fingerprint's norm alone, a chi variable with K degrees of freedom, gave the ratio a heavy
+# tail (about 1 token in 100k of correct bf16 states over 2e-2 after a bf16 ring all-reduce at
+# TP=8); the true norm leaves only the numerator's chi tail (docs/verification.md, measured by
+# tests/test_verify_statistic.py). Defined here, where fingerprints are compared: checks.py and
+# taps.py import them from this module, never the reverse (no import circle, tests/test_layout.py).
+K = 8
+SEED = 20260119
 HEAD = 2  # calls, rows
+
+_projections: dict[tuple[int, str], Any] = {}
+
+
+def projection(hidden: int, device: Any) -> Any:
+    """The fixed [hidden, K] float32 projection, the same on every rank (a seeded CPU generator)."""
+    import torch
+
+    key = (hidden, str(device))
+    if key not in _projections:
+        generator = torch.Generator().manual_seed(SEED)
+        matrix = torch.randn(hidden, K, generator=generator, dtype=torch.float32) / hidden**0.5
+        _projections[key] = matrix.to(device)
+    return _projections[key]
+
+
+def rel_prints(a: Any, b: Any, scale: Any) -> Any:
+    """Per row of fingerprints: |a - b| over the larger of `scale` (a state's true row norm in
+    fingerprint units, `fingerprints`) and |b| (the reference's fingerprint): 0 where a equals b,
+    never inf (a zero state against a non-zero reference gives 1); NaN (a missing state) stays NaN."""
+    import torch
+
+    difference = torch.linalg.vector_norm(a - b, dim=-1)
+    scale = torch.maximum(scale, torch.linalg.vector_norm(b, dim=-1))
+    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale)
 
 
 def block_size(capacity: int) -> int:

@@ -12,7 +12,7 @@ id at a boundary of this rank's layers:
   returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
   tensor or `(hidden_states, None)`);
 - each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
-  both tensors (each token projected on the check's K fixed directions, `checks.projection`) into
+  both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
   fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
   its own buffers: the model's tensors are neither copied into the model's path nor replaced (a
   tap that handed the layer a copy would hide exactly the in-place aliasing it must see), so
@@ -129,7 +129,7 @@ class Taps:
     ) -> None:
         import torch
 
-        from vllm_hotfix.verify.checks import K, projection
+        from vllm_hotfix.verify.reference import K, projection
 
         device = next((p.device for p in holder.parameters()), torch.device("cpu"))
         self.op = tap_op()  # before any trace: Dynamo refuses to register it inside one
