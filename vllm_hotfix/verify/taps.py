@@ -10,7 +10,8 @@ id at a boundary of this rank's layers:
 - id = the first local layer: a forward pre-hook on that layer (the `hidden_states`, and
   `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
   returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
-  tensor or `(hidden_states, None)`);
+  tensor or `(hidden_states, None)`; the pair's first element alone where the layer reading it
+  overwrites its `residual` before reading it: `discards_residual`);
 - each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
   both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
   fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
@@ -188,9 +189,11 @@ class Taps:
 
         return pre
 
-    def exit_hook(self, row: int, form_only: bool = False) -> Any:
+    def exit_hook(self, row: int, form_only: bool = False, stream_first: bool = False) -> Any:
         """What the layer returns, at `row`; `form_only`: only a form that is neither (on the first
-        layer, whose input the entry hook taps: its stream means nothing for such a model)."""
+        layer, whose input the entry hook taps: its stream means nothing for such a model);
+        `stream_first`: the receiving layer discards the residual it is given (`discards_residual`),
+        so the stream is the pair's first element alone."""
 
         def post(module: Any, args: tuple, output: Any) -> None:
             # no Python side effect here (module docstring): what the hook learns goes through the op
@@ -198,7 +201,7 @@ class Taps:
             if self._tensor(output):
                 hidden, form = output, STREAM
             elif isinstance(output, tuple) and len(output) == 2 and self._tensor(output[0]):
-                if output[1] is None:
+                if output[1] is None or stream_first:
                     hidden, form = output[0], STREAM
                 elif self._tensor(output[1]) and output[1].shape == output[0].shape:
                     hidden, residual, form = output[0], output[1], PAIR
@@ -256,7 +259,9 @@ def attach(
             layer.register_forward_hook(taps.exit_hook(row, form_only=True))
         else:
             layer = layers[layer_id - 1]
-            layer.register_forward_hook(taps.exit_hook(row))
+            # the layer that reads this stream (the last layer's own class for the final id)
+            reader = layers[layer_id] if layer_id < len(layers) else layer
+            layer.register_forward_hook(taps.exit_hook(row, stream_first=_discards(reader)))
         taps.layer_names[row] = type(layer).__name__
     taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
     _registry[holder] = taps
@@ -291,6 +296,40 @@ def split_layer_reason(forward_source: str, owner: str) -> str | None:
         f"{owner}.forward calls its decoder layers' methods ({', '.join(methods)}), not the layers"
         " themselves, so the check's taps (module hooks) never see the stream a layer receives"
     )
+
+
+def discards_residual(forward_source: str) -> bool:
+    """Whether a decoder layer's forward overwrites its `residual` argument before it reads it
+    (Cohere2-MoE, MuseGlimmer: `residual = hidden_states` first, norms that pass `residual` through,
+    and `(stream, previous stream)` returned): the stream it receives is then `hidden_states` alone,
+    not `hidden_states + residual`. Only an unconditional first assignment counts; any earlier read
+    (`if residual is None: ...`) keeps the usual pair form."""
+    tree = ast.parse(textwrap.dedent(forward_source))
+    function = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+    if function is None or "residual" not in [a.arg for a in function.args.args]:
+        return False
+
+    def mentions(node: Any, context: type) -> bool:
+        return any(
+            isinstance(n, ast.Name) and n.id == "residual" and isinstance(n.ctx, context)
+            for n in ast.walk(node)
+        )
+
+    for statement in function.body:
+        if isinstance(statement, ast.Assign) and not mentions(statement.value, ast.Load):
+            if any(mentions(target, ast.Store) for target in statement.targets):
+                return True
+            continue
+        if mentions(statement, ast.Load) or mentions(statement, ast.Store):
+            return False
+    return False
+
+
+def _discards(layer: Any) -> bool:
+    try:
+        return discards_residual(inspect.getsource(type(layer).forward))
+    except Exception:  # no source to read: the usual pair form (the layer's output is the evidence)
+        return False
 
 
 def _bypassed(holder: Any) -> str | None:
