@@ -373,3 +373,78 @@ def test_the_top_up_is_bounded_when_no_window_fills(tmp_path: Path) -> None:
         " token(s) per step: the missing workers' windows did not fill (is the check armed there?)"
     ]
     assert judge(command.read_reports(plan.report_dir), RUN, World(1)).exit_code == 2
+
+
+# -- the command in pipelines (issue 35, item 5): no engine, vLLM's parser stood in ---------------
+class _Ended(Exception):
+    """os._exit, stood in: the code the command would have exited with."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _end_early(monkeypatch: pytest.MonkeyPatch, argv: list[str], stop: BaseException) -> tuple[int, str, str]:
+    """Run the command until vLLM's parser (stood in) raises `stop`: exit code, stdout, report dir."""
+    import io
+
+    def parse_engine_args(model: str, engine_args: list[str]) -> Any:
+        raise stop
+
+    def exit_(code: int) -> None:
+        raise _Ended(code)
+
+    monkeypatch.setattr(command, "parse_engine_args", parse_engine_args)
+    monkeypatch.setattr(command.os, "_exit", exit_)
+    monkeypatch.setattr(command._Run, "stop_engine", lambda self, forced: None)
+    out = io.StringIO()
+    runner = command._Run(cli.parse(["verify", "M", *argv]), out)
+    with pytest.raises(_Ended) as ended:
+        command.run_with(runner)
+    assert runner.plan is not None
+    return ended.value.code, out.getvalue(), runner.plan.report_dir
+
+
+@pytest.mark.parametrize(
+    "stop", [command.CommandError("refused"), KeyboardInterrupt(), RuntimeError("boom")], ids=str
+)
+def test_the_temporary_report_directory_is_removed_at_every_end(
+    monkeypatch: pytest.MonkeyPatch, stop: BaseException
+) -> None:
+    code, out, made = _end_early(monkeypatch, ["--json"], stop)
+    found = json.loads(out)
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 1
+    assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
+
+
+def test_a_report_directory_the_user_gave_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    mine = tmp_path / "reports"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("x")
+    code, _, _ = _end_early(monkeypatch, ["--report-dir", str(mine)], KeyboardInterrupt())
+    assert code == 3 and (mine / "keep.txt").exists()
+
+
+def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, wanted in ((["--json", "--ids", "1,x"], "whole numbers"), (["--json", "--ids", "-1"], ">= 0")):
+        with pytest.raises(SystemExit) as stop:
+            cli.parse(["verify", "M", *argv])
+        found = json.loads(capsys.readouterr().out)
+        assert stop.value.code == 3 and found["exit_code"] == 3 and found["schema"] == 1
+        assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
+    with pytest.raises(SystemExit):  # without --json stdout stays empty
+        cli.parse(["verify", "M", "--ids", "1,x"])
+    assert capsys.readouterr().out == ""
+
+
+def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:
+    command.check_ids([0, 2, 61], 61)
+    with pytest.raises(command.CommandError, match="valid ids are 0 to 61"):
+        command.check_ids([2, 62], 61)
+    with pytest.raises(command.CommandError, match=r"\[-1\]"):
+        command.check_ids([-1], 61)
+
+
+def test_the_timeout_has_a_default_that_can_be_changed() -> None:
+    assert cli.parse(["verify", "M"]).timeout == command.DEFAULT_TIMEOUT > 0
+    assert cli.parse(["verify", "M", "--timeout", "60"]).timeout == 60

@@ -198,6 +198,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """`verify` passes what it does not know, and all after `--`, to vLLM's own engine parser."""
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = build_parser()
+    from vllm_hotfix.verify import command as verify_command
+
+    verify_command.json_usage = "--json" in head  # its usage errors then print a JSON document too
     args, extra = parser.parse_known_args(head)
     if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
         if extra or tail:

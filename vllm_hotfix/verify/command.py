@@ -20,6 +20,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -36,6 +37,8 @@ DECODE = 2  # tokens generated per prompt of the workload: its prefill and a dec
 PREFILL_CHUNK = 256  # the smallest prefill chunk assumed when sizing the window (an upper bound)
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
+SCHEMA = 1  # "schema" in the --json document; raised when a key changes meaning or goes
+DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
     " in +-1e-3, the same values for every parameter of the same size and dtype), not the"
@@ -49,6 +52,14 @@ DUMMY_CAVEAT = (
 
 class CommandError(Exception):
     """A problem with the command's options or engine arguments: exit 3, in one line."""
+
+
+def check_ids(ids: list[int], layers: int) -> None:
+    """Aux layer ids must name the model's layers (0..L, L the final norm's input); a larger id
+    would make vLLM fail late, or check nothing."""
+    wrong = [i for i in ids if not 0 <= i <= layers]
+    if wrong:
+        raise CommandError(f"--ids {wrong}: beyond the model's layers; valid ids are 0 to {layers}")
 
 
 def default_ids(layers: int) -> list[int]:
@@ -275,6 +286,7 @@ class _Run:
         self.phase = "reading the options"
         self.started = time.monotonic()
         self.lock = threading.Lock()
+        self.own_dir: str | None = None  # a temporary report directory this run made (removed at the end)
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self, error: str | None = None, timed_out: bool = False) -> None:
@@ -296,6 +308,8 @@ class _Run:
         except Exception:
             pass
         self.stop_engine(forced=timed_out or self.llm is None)
+        if self.own_dir is not None:  # never a directory the user gave: only the one made here
+            shutil.rmtree(self.own_dir, ignore_errors=True)
         os._exit(judged.exit_code)  # vLLM's engine processes may hold the interpreter's exit
 
     def stop_engine(self, forced: bool) -> None:
@@ -349,6 +363,7 @@ class _Run:
     def document(self, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
         plan = self.plan
         return {
+            "schema": SCHEMA,
             "verdict": judged.verdict,
             "exit_code": judged.exit_code,
             "reason": judged.reason,
@@ -387,7 +402,9 @@ class _Run:
         args = self.args
         lengths = args.prompt_lengths or list(DEFAULT_LENGTHS)
         batches = args.batch_sizes or list(DEFAULT_BATCHES)
-        report_dir = args.report_dir or tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
+        report_dir = args.report_dir
+        if not report_dir:
+            report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         plan = Plan(
             model=args.model,
             engine_args=list(args.engine_args),
@@ -423,7 +440,10 @@ class _Run:
         else:
             self.phase = "reading the model's config"
             config = engine.create_model_config()
-            plan.ids = args.ids or default_ids(int(config.hf_text_config.num_hidden_layers))
+            layers = int(config.hf_text_config.num_hidden_layers)
+            if args.ids:
+                check_ids(args.ids, layers)
+            plan.ids = args.ids or default_ids(layers)
             engine.speculative_config = {
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
@@ -541,28 +561,50 @@ def _keep_stdout() -> TextIO:
 
 
 def run(args: argparse.Namespace) -> int:
-    runner = _Run(args, _keep_stdout())
-    if args.timeout:
-        watchdog = threading.Timer(args.timeout, runner.expire)
-        watchdog.daemon = True
-        watchdog.start()
+    return run_with(_Run(args, _keep_stdout()))
+
+
+def run_with(runner: _Run) -> int:
+    """Every end goes through finish (the verdict, the engine stopped, the temporary directory
+    removed), Ctrl-C too."""
+    args = runner.args
+    watchdog = threading.Timer(args.timeout, runner.expire)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         runner.main()
     except CommandError as error:
         if args.debug:
             traceback.print_exc()
         runner.finish(str(error))
+    except KeyboardInterrupt:
+        runner.finish(f"interrupted (Ctrl-C) while {runner.phase}")
     except Exception as error:  # the command's own failure: one line, exit 3
         if args.debug:
             traceback.print_exc()
         runner.finish(f"the command failed while {runner.phase}: {_one_line(error)}")
+    finally:
+        watchdog.cancel()  # reached only where finish did not exit (a stood-in os._exit)
     return outcome_mod.EXIT_ERROR  # not reached: finish exits
+
+
+json_usage = False  # set by cli.parse when --json is among verify's own options
 
 
 def _usage_error(parser: argparse.ArgumentParser) -> Any:
     def error(message: str) -> Any:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {message} (exit 3)", file=sys.stderr)
+        if json_usage:  # a pipeline reading stdout gets a document, not nothing
+            document = {
+                "schema": SCHEMA,
+                "verdict": outcome_mod.UNKNOWN,
+                "exit_code": outcome_mod.EXIT_ERROR,
+                "reason": "usage error",
+                "error": message,
+                "usage": parser.format_usage().strip(),
+            }
+            print(json.dumps(document, indent=2), flush=True)
         sys.exit(outcome_mod.EXIT_ERROR)
 
     return error
@@ -587,8 +629,9 @@ def add_parser(commands: Any) -> None:
     verify.add_argument(
         "--ids",
         type=_ids,
-        help="aux layer ids for extract_hidden_states, e.g. 2,30,58,61 (default: the EAGLE3"
-        " convention 2,L//2,L-3 plus the final layer L); not with your own --speculative-config",
+        help="aux layer ids for extract_hidden_states, 0 to L (the model's layers), e.g. 2,30,58,61"
+        " (default: the EAGLE3 convention 2,L//2,L-3 plus the final layer L); not with your own"
+        " --speculative-config",
     )
     verify.add_argument(
         "--prompt-lengths",
@@ -606,10 +649,15 @@ def add_parser(commands: Any) -> None:
     )
     verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
     verify.add_argument(
-        "--timeout", type=_seconds, help="seconds for the whole run; then exit 3, the engine shut down"
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds for the whole run; then exit 3, the engine shut down (default {DEFAULT_TIMEOUT:g})",
     )
     verify.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     verify.add_argument(
-        "--report-dir", help="where the workers write their JSON reports (default: a new temporary directory)"
+        "--report-dir",
+        help="where the workers write their JSON reports; on storage every node sees in multi-node runs"
+        " (default: a new temporary directory, removed at the end)",
     )
     verify.set_defaults(run=run, engine_args=[])
