@@ -5,6 +5,8 @@ VLLM_HOTFIX_VERIFY asks for it. And the checks of one step, each shown failing, 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,8 @@ from vllm.model_executor.model_loader import base_loader
 import vllm.envs
 print(json.dumps({
     "compile_cache_off": vllm.envs.VLLM_DISABLE_COMPILE_CACHE,
+    "cache_root": vllm.envs.VLLM_CACHE_ROOT,
+    "key": seam.checked_cache_key(),
     "taps_at_load": getattr(base_loader.BaseModelLoader.load_model, "__vllm_hotfix_taps__", False),
     "probed": seam.probed,
     "installed": sorted(cls.__module__ for cls in seam._installed),
@@ -54,6 +58,7 @@ load = vars(base_loader.BaseModelLoader)["load_model"]
 import vllm.envs
 print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_hotfix.verify")),
                   "compile_cache_off": vllm.envs.VLLM_DISABLE_COMPILE_CACHE,
+                  "cache_root": vllm.envs.VLLM_CACHE_ROOT,
                   "vllms_own": own.__wrapped__.__code__.co_filename == v1.__file__
                   and not hasattr(load, "__vllm_hotfix_taps__")}))
 """
@@ -61,25 +66,64 @@ print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", [OLDEST, BUG, FIXED, NEWEST])
-def test_the_seam_is_recognised_in_both_runners(testenv, version: str) -> None:
-    done = testenv.run(["-c", RUNNERS], version=version, hotfix=True, VLLM_HOTFIX_VERIFY="1")
+def test_the_seam_is_recognised_in_both_runners(testenv, version: str, tmp_path: Path) -> None:
+    done = testenv.run(
+        ["-c", RUNNERS], version=version, hotfix=True, VLLM_HOTFIX_VERIFY="1", VLLM_CACHE_ROOT=str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
     runners = ["vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"]
     assert found["probed"] == {f"{name}.GPUModelRunner": None for name in runners}, found
     assert found["installed"] == runners and found["cpu_inherits"]
     assert found["taps_at_load"] is True  # the model loader attaches the taps (verify/taps.py)
-    assert found["compile_cache_off"] is True  # no cached graph without the taps, none stored with them
+    # vLLM's compile caches kept, in a root of their own keyed by the check's code (35, item 3)
+    assert found["compile_cache_off"] is False
+    assert found["cache_root"] == os.path.join(str(tmp_path), "vllm-hotfix-verify", found["key"]), found
     unpack = "hidden_states, aux_hidden_states = model_output"
     assert found["fake"] == f"fake_runner.GPUModelRunner.execute_model does not unpack `{unpack}`"
 
 
 @pytest.mark.vllm
-def test_off_by_default_nothing_is_loaded_or_installed(testenv) -> None:
-    done = testenv.run(["-c", INVISIBLE], version=BUG, hotfix=True)
+def test_off_by_default_nothing_is_loaded_or_installed(testenv, tmp_path: Path) -> None:
+    done = testenv.run(["-c", INVISIBLE], version=BUG, hotfix=True, VLLM_CACHE_ROOT=str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
-    assert found == {"loaded": [], "compile_cache_off": False, "vllms_own": True}
+    assert found == {"loaded": [], "compile_cache_off": False, "cache_root": str(tmp_path), "vllms_own": True}
+
+
+def test_checked_runs_keep_vllms_compile_caches_in_a_root_keyed_by_the_check(monkeypatch, tmp_path) -> None:
+    """Issue 35, item 3: the check's presence is part of the compile-cache key (a root of its own)."""
+    from vllm_hotfix.verify import seam
+
+    key = seam.checked_cache_key()
+    assert len(key) == 12 and key == seam.checked_cache_key()
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root"))
+    seam._keyed_compile_cache()
+    keyed = str(tmp_path / "root" / "vllm-hotfix-verify" / key)
+    assert os.environ["VLLM_CACHE_ROOT"] == keyed
+    seam._keyed_compile_cache()  # a child process inherits the keyed root: kept, never nested
+    assert os.environ["VLLM_CACHE_ROOT"] == keyed
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "root" / "vllm-hotfix-verify" / "0123456789ab"))
+    seam._keyed_compile_cache()  # another version's keyed root: this version's beside it
+    assert os.environ["VLLM_CACHE_ROOT"] == keyed
+    monkeypatch.delenv("VLLM_CACHE_ROOT")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    seam._keyed_compile_cache()  # vLLM's default root, as vLLM computes it
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "xdg" / "vllm" / "vllm-hotfix-verify" / key)
+
+
+def test_the_key_changes_with_the_checks_code(monkeypatch, tmp_path) -> None:
+    from vllm_hotfix.verify import seam
+
+    before = seam.checked_cache_key()
+    copy = tmp_path / "verify"
+    copy.mkdir()
+    for path in Path(seam.__file__).parent.glob("*.py"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(seam, "__file__", str(copy / "seam.py"))
+    assert seam.checked_cache_key() == before  # the same code, wherever installed: the same key
+    (copy / "taps.py").write_bytes((copy / "taps.py").read_bytes() + b"\n# a changed hook\n")
+    assert seam.checked_cache_key() != before
 
 
 def test_switches() -> None:

@@ -443,23 +443,44 @@ def _on_loader_import(module: types.ModuleType) -> None:
         containment.report_error("verify: taps not armed", error)
 
 
-COMPILE_CACHE_VAR = "VLLM_DISABLE_COMPILE_CACHE"
+CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
+CHECKED_CACHES = "vllm-hotfix-verify"  # the directory, under vLLM's cache root, of checked runs' caches
 
 
-def _no_compile_cache() -> None:
-    """With the check on, vLLM must trace the model with the taps: its compile caches (the
-    ahead-of-time artifact is keyed on the forward and the config, not on hooks) could otherwise
-    serve a graph traced without them (every id `n/a`), and would store one with them for later
-    runs. Set before vLLM reads it (its envs are read lazily, and child processes inherit it); the
-    cost is a cold compile at start-up, only while the check is on."""
-    if os.environ.get(COMPILE_CACHE_VAR) != "1":
-        if os.environ.get(COMPILE_CACHE_VAR) not in (None, ""):
-            logger.warning(
-                "vllm-hotfix verify: %s=%r set to 1 while the check is on (a cached graph lacks the taps)",
-                COMPILE_CACHE_VAR,
-                os.environ[COMPILE_CACHE_VAR],
-            )
-        os.environ[COMPILE_CACHE_VAR] = "1"
+def checked_cache_key() -> str:
+    """What a graph traced with the taps depends on beyond vLLM's own key: the check's code (the
+    traced hooks, the op's schema, the fingerprint's directions) and the package version."""
+    import hashlib
+    from pathlib import Path
+
+    from vllm_hotfix import __version__
+
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _keyed_compile_cache() -> None:
+    """With the check on, vLLM's compile caches live under `<vLLM's cache root>/vllm-hotfix-verify/<key>`.
+
+    vLLM's ahead-of-time artifact is keyed on its version, the forward's name and line, the config
+    and its own environment, not on hooks: in a shared directory a run with the check could load a
+    graph traced without the taps (every id `n/a`), and store one with them for runs without the
+    check. A cache root of their own, keyed by the check's code, makes the check's presence part of
+    the key: a second start with the check reuses the first one's artifacts, runs without it never
+    see them. Set before vLLM reads it (its envs are read lazily; its processes inherit it); a root
+    already keyed (an inherited one) is kept. A user's VLLM_DISABLE_COMPILE_CACHE=1 still applies."""
+    root = os.environ.get(CACHE_ROOT_VAR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm"
+    )
+    root = os.path.expanduser(root)
+    key = checked_cache_key()
+    if os.path.basename(os.path.dirname(root.rstrip(os.sep))) == CHECKED_CACHES:
+        if os.path.basename(root.rstrip(os.sep)) != key:  # another version's: this one's beside it
+            os.environ[CACHE_ROOT_VAR] = os.path.join(os.path.dirname(root.rstrip(os.sep)), key)
+        return
+    os.environ[CACHE_ROOT_VAR] = os.path.join(root, CHECKED_CACHES, key)
 
 
 def arm() -> None:
@@ -479,7 +500,7 @@ def arm() -> None:
             return
         _hooked = True
         _window = Window(found.steps)
-        _no_compile_cache()
+        _keyed_compile_cache()
         for module_name, class_name in RUNNERS:
             wrapt.register_post_import_hook(
                 lambda module, class_name=class_name: _on_import(module, class_name), module_name
