@@ -453,7 +453,7 @@ def checked_cache_key() -> str:
     import hashlib
     from pathlib import Path
 
-    from vllm_hotfix import __version__
+    from vllm_hotfix._version import __version__
 
     digest = hashlib.sha256(__version__.encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
