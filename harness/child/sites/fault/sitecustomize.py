@@ -1,13 +1,19 @@
 """Test instrumentation: plant a fault in one tensor-parallel rank's aux hidden states.
 
-Put this directory on PYTHONPATH and set VLLM_HOTFIX_TEST_FAULT=RANK[:INDEX[:nan]]: in the worker of
-that TP rank, DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile)
-changes the aux state at INDEX (default 0; -1 the last) that it returns, in place, before the runner
-receives it: it adds 0.5 times each token's root mean square, with `nan` writes one NaN, with
-`drop` removes that state from the list (this rank alone then returns one state too few). Only
+Put this directory on PYTHONPATH and set VLLM_HOTFIX_TEST_FAULT=RANK[:INDEX[:KIND]], or several
+such faults separated by commas (each on its own index): in the worker of that TP rank,
+DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile) changes the
+aux state at INDEX (default 0; -1 the last) that it returns, in place, before the runner receives
+it. KIND: `shift` (default) adds 0.5 times each token's root mean square; `scale` multiplies by 1.5;
+`zero` zeroes it; `next` puts the next index's state there (an off-by-one id); `alias` the last
+index's (an id aliased to the final state); `afternorm` the state after the model's final norm (a
+state taken after the norm, not before); `stale` the state this index held at the previous call
+(a previous step's; left alone while the shapes differ, as on the step after a prefill); `nan`
+writes one NaN; `drop` removes that state from the list (this rank alone then returns one state
+too few). Every copy is taken from the states as the model returned them, before any fault. Only
 tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/verify) must then
-fail: ranks disagree (at TP > 1), the final id (INDEX -1 on the final id), finite (nan), or the
-count on that rank only (drop).
+fail exactly the faulted ids: ranks disagree (at TP > 1), the id's comparison with its layer's
+stream, the final id, finite (nan), or the count on that rank only (drop).
 
 VLLM_HOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself, the one
 place this site reaches into vllm_hotfix: in the worker of that TP rank, the function of
@@ -25,30 +31,58 @@ import sys
 FAULT = os.environ.get("VLLM_HOTFIX_TEST_FAULT")
 
 if FAULT:
-    _parts = FAULT.split(":")
-    FAULT_RANK = _parts[0]
-    FAULT_INDEX = _parts[1] if len(_parts) > 1 else "0"
-    FAULT_KIND = _parts[2] if len(_parts) > 2 else "shift"
+    FAULTS = []  # (rank, index, kind)
+    for _one in FAULT.split(","):
+        _parts = _one.split(":")
+        FAULTS.append(
+            (
+                int(_parts[0]),
+                int(_parts[1]) if len(_parts) > 1 else 0,
+                _parts[2] if len(_parts) > 2 else "shift",
+            )
+        )
     import wrapt
 
     def _plant(module) -> None:
         cls = module.DeepseekV2ForCausalLM
         original = cls.forward
+        previous = {}  # index -> the clean state of the previous call (`stale`)
 
         def forward(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
             from vllm.distributed.parallel_state import get_tp_group
 
-            if isinstance(out, tuple) and out[1] and get_tp_group().rank_in_group == int(FAULT_RANK):
-                if FAULT_KIND == "drop":
-                    out[1].pop(int(FAULT_INDEX))
-                    return out
-                state = out[1][int(FAULT_INDEX)]
-                if FAULT_KIND == "nan":
+            rank = get_tp_group().rank_in_group
+            mine = [(i, k) for r, i, k in FAULTS if r == rank]
+            if not (isinstance(out, tuple) and out[1] and mine):
+                return out
+            clean = [state.clone() for state in out[1]]
+            for index, kind in sorted(mine, key=lambda f: f[1] == "drop"):  # drops last
+                if kind == "drop":
+                    out[1].pop(index)
+                    continue
+                state = out[1][index]
+                if kind == "nan":
                     state[0, 0] = float("nan")
-                else:
+                elif kind == "scale":
+                    state.mul_(1.5)
+                elif kind == "zero":
+                    state.zero_()
+                elif kind == "next":
+                    state.copy_(clean[index + 1])
+                elif kind == "alias":
+                    state.copy_(clean[-1])
+                elif kind == "afternorm":
+                    state.copy_(self.model.norm(clean[index].clone()))
+                elif kind == "stale":
+                    before = previous.get(index)
+                    if before is not None and before.shape == state.shape:
+                        state.copy_(before)
+                else:  # shift
                     rms = state.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
                     state.add_(0.5 * rms.to(state.dtype))
+            for index, _ in mine:
+                previous[index] = clean[index]
             return out
 
         cls.forward = forward
