@@ -116,11 +116,16 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
 # state and a stale one are the long suite's (CI time, issue 37).
 # Kinds: next, id 1 holding id 2's state (off-by-one); afternorm, the final state taken after the
 # final norm; scale, x1.5; alias, id 2 holding the final state; zero; stale, the previous step's.
+# Each: (the faults, every id's expected status, the final check's expected `ok`). None: not
+# asserted, for a state taken after the final norm: the final check compares norm(final id's state)
+# with the norm's output, and the tiny checkpoint keeps transformers' initial norm weight of 1,
+# where RMSNorm is idempotent (measured: 0.0038, under 2e-2); the per-id comparison with the
+# layer's stream is what catches it.
 PLANTED = {
-    "next+afternorm": ("0:0:next,0:2:afternorm", ["FAIL", "ok", "FAIL"]),
-    "scale+alias": ("0:0:scale,0:1:alias", ["FAIL", "FAIL", "ok"]),
-    "zero": ("0:2:zero", ["ok", "ok", "FAIL"]),
-    "stale": ("0:1:stale", ["ok", "FAIL", "ok"]),
+    "next+afternorm": ("0:0:next,0:2:afternorm", ["FAIL", "ok", "FAIL"], None),
+    "scale+alias": ("0:0:scale,0:1:alias", ["FAIL", "FAIL", "ok"], True),
+    "zero": ("0:2:zero", ["ok", "ok", "FAIL"], False),
+    "stale": ("0:1:stale", ["ok", "FAIL", "ok"], True),
 }
 LONG_PLANTED = {"zero", "stale"}
 
@@ -134,7 +139,7 @@ def test_tp1_each_planted_class_fails_exactly_its_ids(verify, planted: str) -> N
 
 
 def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
-    expected = PLANTED[planted][1]
+    _, expected, final_ok = PLANTED[planted]
     assert run["code"] == 1, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL", report
@@ -142,12 +147,8 @@ def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
     failed = [e for e in report["per_id"] if e["status"] == "FAIL"]
     assert all(e["max_rel_diff"] > 0.1 for e in failed), failed  # far beyond the 2e-2 tolerance
     assert report["count"]["ok"] and report["finite"]["ok"]
-    if planted != "next+afternorm":
-        assert report["final"]["ok"] is (expected[-1] == "ok"), report["final"]
-    # else not asserted: the final check compares norm(final id's state) with the norm's output,
-    # and the tiny checkpoint keeps transformers' initial norm weight of 1, where RMSNorm is
-    # idempotent (measured: 0.0038, under 2e-2); the per-id comparison with the layer's stream is
-    # what catches a state taken after the norm.
+    if final_ok is not None:
+        assert report["final"]["ok"] is final_ok, report["final"]
 
 
 def test_tp2_one_rank_short_of_a_state_fails_on_both_ranks_without_a_hang(verify) -> None:
