@@ -468,3 +468,30 @@ def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) 
 def test_discards_residual_reads_the_layer_source(body: str, discards: bool) -> None:
     source = f"def forward(self, positions, hidden_states, residual):\n    {body}\n"
     assert taps_mod.discards_residual(source) is discards
+
+
+def test_a_layer_whose_source_cannot_be_read_is_not_guessed() -> None:
+    """A layer class without readable source (defined by exec here; installed as bytecode only in
+    the field): whether its `(hidden_states, residual)` pair means `hidden + residual` or a discarded
+    residual is unknown, so the ids it feeds are n/a with the reason, and the window is not PASS.
+    Id 0 (the entry tap: the first layer's input) is still compared."""
+    namespace: dict = {"torch": torch, "HIDDEN": HIDDEN}
+    exec(  # the point: a class whose source inspect cannot find
+        "class Unread(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)\n"
+        "    def forward(self, positions, hidden_states, residual):\n"
+        "        residual = hidden_states if residual is None else hidden_states + residual\n"
+        "        return self.proj(torch.tanh(residual)), residual\n",
+        namespace,
+    )
+    model = Backbone()
+    model.layers = torch.nn.ModuleList(namespace["Unread"]() for _ in range(LAYERS))
+    taps = taps_mod.attach(model, HIDDEN, 64)
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "n/a", 2: "n/a", 4: "n/a"} and found.ok, found.per_id
+    why = {e["id"]: e.get("why", "") for e in found.per_id}
+    assert all("the source of Unread.forward cannot be read" in why[i] for i in (1, 2, 4)), why
+    window = _window(found)
+    assert window.verdict == "UNKNOWN" and [m["id"] for m in window.coverage()["not_compared"]] == [1, 2, 4]

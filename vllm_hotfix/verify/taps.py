@@ -35,6 +35,7 @@ open still writes the few floats per token per tapped layer. With the check off 
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import logging
 import textwrap
@@ -147,6 +148,7 @@ class Taps:
         self.meta = torch.zeros(len(self.rows), META, dtype=torch.int64, device=device)
         self.seen = torch.zeros(len(self.rows), dtype=torch.int64, device=device)  # calls at the last check
         self.layer_names: dict[int, str] = {}  # row: the class of the layer its hook is on
+        self.unread: dict[int, str] = {}  # row: why its pair form's stream is unknown (no source)
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
 
     def site(self, layer_id: int) -> int | None:
@@ -158,7 +160,10 @@ class Taps:
         return self.bypassed or self._layer_form(row)
 
     def _layer_form(self, row: int) -> str | None:
-        if int(self.meta[row, 2]) != OTHER:
+        form = int(self.meta[row, 2])
+        if form == PAIR and row in self.unread:
+            return self.unread[row]
+        if form != OTHER:
             return None
         name = self.layer_names.get(row, "the layer")
         return f"{name} returns neither (hidden_states, residual) nor one hidden_states tensor"
@@ -261,7 +266,10 @@ def attach(
             layer = layers[layer_id - 1]
             # the layer that reads this stream (the last layer's own class for the final id)
             reader = layers[layer_id] if layer_id < len(layers) else layer
-            layer.register_forward_hook(taps.exit_hook(row, stream_first=_discards(reader)))
+            discards = _discards(reader)
+            if discards is None:
+                taps.unread[row] = _unread_reason(reader)
+            layer.register_forward_hook(taps.exit_hook(row, stream_first=bool(discards)))
         taps.layer_names[row] = type(layer).__name__
     taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
     _registry[holder] = taps
@@ -325,11 +333,27 @@ def discards_residual(forward_source: str) -> bool:
     return False
 
 
-def _discards(layer: Any) -> bool:
+def _discards(layer: Any) -> bool | None:
+    """`discards_residual` of the layer's class; None when its source cannot be read or parsed:
+    a `(hidden_states, residual)` pair is then of unknown meaning, never guessed."""
+    return _class_discards(type(layer))
+
+
+@functools.cache
+def _class_discards(cls: type) -> bool | None:  # once per class, not once per id
     try:
-        return discards_residual(inspect.getsource(type(layer).forward))
-    except Exception:  # no source to read: the usual pair form (the layer's output is the evidence)
-        return False
+        return discards_residual(inspect.getsource(cls.forward))
+    except Exception:
+        return None
+
+
+def _unread_reason(layer: Any) -> str:
+    name = type(layer).__name__
+    return (
+        f"the source of {name}.forward cannot be read, so whether the stream it receives is"
+        " hidden_states + residual or hidden_states alone is unknown (install vLLM with its .py"
+        " files, not only compiled bytecode)"
+    )
 
 
 def _bypassed(holder: Any) -> str | None:
