@@ -36,6 +36,16 @@ def test_a_clean_step_passes_and_the_group_stays_usable(ranks) -> None:
         assert clean["ranks_rel_diff"] == 0.0 and clean["errors"] == [] and clean["usable"]
 
 
+def test_each_step_sends_only_its_own_tokens(ranks) -> None:
+    """The all-gather of a step carries that step's tokens, not the window's capacity: a 245-float
+    header, 3 flags, then per id (3 here) 9 floats per token and a block of 2 + 16 per token. 1, 5
+    and 1 tokens: 329, 629 and 329 floats (the capacity of 7 tokens would be 779 at every step)."""
+    for rank in ranks:
+        sized = rank["sized-by-step"]
+        assert sized["sent"] == [329, 629, 329], sized
+        assert sized["every_ok"] == [True, True, True] and sized["usable"], sized
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_an_exception_on_one_rank_at_each_stage_is_an_error_on_every_rank(ranks, stage: str) -> None:
     for rank in ranks:

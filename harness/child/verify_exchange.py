@@ -1,6 +1,7 @@
 """The in-worker check's exchange (vllm_hotfix/verify/exchange.py, through checks.check_step) at TP=2
 over vLLM's own TP group (gloo, `init_distributed_environment` + `initialize_model_parallel`), with
-a fault planted on rank 1 in each scenario: an exception at each stage of a step, a stall past the
+a fault planted on rank 1 in each scenario (after a clean step and a window whose steps differ in
+size): an exception at each stage of a step, a stall past the
 deadline (at the handshake and at a later step), ranks armed with other ids, a rank not armed at
 all. After each scenario both ranks run vLLM's own collectives on the group (its device group's
 all-reduce and its CPU group's) with a deadline: the check must leave them usable. The last
@@ -64,13 +65,19 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     hidden = norm(states[-1])
     results: dict[str, Any] = {}
 
-    def step(window: int, ids: list[int] = IDS, final_norm: Any = norm, error: str | None = None) -> Any:
+    def step(
+        window: int,
+        ids: list[int] = IDS,
+        final_norm: Any = norm,
+        error: str | None = None,
+        tokens: int = TOKENS,
+    ) -> Any:
         group = get_tp_group()
         return checks.check_step(
             states if error is None else None,
             hidden,
             ids,
-            TOKENS,
+            tokens,
             HIDDEN,
             group,
             len(ids) - 1,
@@ -104,6 +111,23 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             return window
 
         record("clean", step(fresh()))
+        # one window whose steps carry 1, 5, then 1 tokens: each all-gather sized by its step
+        number = fresh()
+        name = "all_gather_single" if hasattr(torch.distributed, "all_gather_single") else None
+        name = name or "all_gather_into_tensor"
+        gather, sizes = getattr(torch.distributed, name), []
+
+        def counted(output: Any, sent: Any, *args: Any, **kwargs: Any) -> Any:
+            sizes.append(int(sent.numel()))
+            return gather(output, sent, *args, **kwargs)
+
+        setattr(torch.distributed, name, counted)
+        try:
+            steps = [step(number, tokens=tokens) for tokens in (1, TOKENS, 1)]
+        finally:
+            setattr(torch.distributed, name, gather)
+        record("sized-by-step", steps[-1])
+        results["sized-by-step"].update(sent=sizes, every_ok=[check.ok for check in steps])
         # an exception on rank 1 at each stage of a step inside check_step (its function replaced),
         # after a good first step: the error goes through the all-gather (its error flag and text)
         plants = (("shapes", "shapes"), ("projection", "projection"), ("float32", "fingerprints"))

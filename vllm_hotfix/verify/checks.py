@@ -157,8 +157,8 @@ def fingerprints(
 
 
 def body_size(ids: Sequence[int], max_tokens: int) -> int:
-    """The fixed payload of a window: 3 flags, then K floats per id and token, up to max_tokens,
-    then one scale per id and token."""
+    """The payload of a step: 3 flags, then K floats per id and token, up to max_tokens (the
+    step's checked tokens), then one scale per id and token."""
     return 3 + len(ids) * max_tokens * (K + 1)
 
 
@@ -207,7 +207,8 @@ def check_step(
     `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
     None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
     to observe it (the model's output must equal the final norm of that state). `max_tokens`: the
-    most tokens a step of this window can carry (the payload's fixed size; default `tokens`);
+    most tokens a step of this window checks (default `tokens`; the exchange carries the step's
+    checked tokens only, so a decode step sends a few floats per id, not the window's capacity);
     `window`: its length, checked in the handshake; `error`: what already failed before this call
     (`error_text`), so this rank only joins the exchange.
 
@@ -220,8 +221,9 @@ def check_step(
 
     capacity = max(int(max_tokens or tokens), 1)
     checked = min(tokens, capacity)  # a longer step is checked on its first `capacity` tokens
+    sent = max(checked, 1)  # rows per id on the wire: the step's, not the window's capacity
     wanted = len(ids)
-    size = body_size(ids, capacity) + len(ids) * reference.block_size(capacity)
+    size = body_size(ids, sent) + len(ids) * reference.block_size(sent)
     count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
     rows = None  # the forward's rows (padding included): tells sequence-parallel shards (reference.py)
     stage = "shapes"
@@ -249,8 +251,8 @@ def check_step(
                     f"the final norm could not be applied: {type(norm_error).__name__}: {norm_error}"
                 )
         stage = "payload"
-        body = payload(count_ok, finite, final, prints, scales, capacity)
-        body = torch.cat([body, reference.blocks(taps, ids, checked, body.device, capacity)])
+        body = payload(count_ok, finite, final, prints, scales, sent)
+        body = torch.cat([body, reference.blocks(taps, ids, checked, body.device, sent)])
     except _Joined as joined:
         error, body = str(joined), None
     except Exception as raised:  # never skip the exchange: the other ranks would wait in it
@@ -258,14 +260,14 @@ def check_step(
     hello = {"ids": list(ids), "hidden_size": int(hidden_size), "window": window, "max_tokens": capacity}
     got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
     try:  # the same data on every rank: a judge that raises raises on all of them alike
-        found = judge(got, ids, tokens, checked, capacity, group, dtype, count_ok, detail, final_error)
+        found = judge(got, ids, tokens, checked, sent, group, dtype, count_ok, detail, final_error)
         if got.problem is None:
-            main = body_size(ids, capacity)
-            _, prints, scales = unpack(got.bodies[:, :main], len(ids), capacity, checked)
-            blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(capacity))
+            main = body_size(ids, sent)
+            _, prints, scales = unpack(got.bodies[:, :main], len(ids), sent, checked)
+            blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(sent))
             limit = tolerance(dtype)
             found.per_id = reference.judge(
-                ids, checked, prints, scales, blocks, limit, taps, final_id, capacity, rows
+                ids, checked, prints, scales, blocks, limit, taps, final_id, sent, rows
             )
         return found
     except Exception as raised:

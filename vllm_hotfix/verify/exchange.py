@@ -4,8 +4,10 @@ Every rank calls `exchange` once per checked step, also a rank whose check raise
 body, only why), so no rank waits in a collective its peers skipped. What it rests on, measured
 with gloo at TP=2 (torch 2.11, tests/test_verify_exchange.py):
 
-- the step's exchange is one all-gather of a fixed-size float32 payload (header: protocol, error
-  flag, entry time, a short error text; then the body) over vLLM's CPU group (`cpu_group`, gloo),
+- the step's exchange is one all-gather of a float32 payload (header: protocol, error flag, entry
+  time, a short error text; then the body) sized by the step (its checked tokens, the same on every
+  rank of a TP group, which runs one batch), in buffers kept for the window and grown when a step
+  needs more, over vLLM's CPU group (`cpu_group`, gloo),
   waited on with a deadline (`Work.wait(timeout)`), never over the device group (pynccl on CUDA
   has no timeout);
 - a gloo all-gather that timed out stays pending and completes when the late rank joins it; the
@@ -14,7 +16,7 @@ with gloo at TP=2 (torch 2.11, tests/test_verify_exchange.py):
   than half a deadline apart: the late rank then stops with the one that gave up, and neither
   issues a collective the other will not join;
 - a gloo all-gather that a peer never joins leaves the group dead (the next all-reduce on it
-  times out on both ranks). So the first-step handshake (protocol, payload size, and the facts
+  times out on both ranks). So the first-step handshake (protocol and the facts
   every rank must share: ids, hidden size, window length) goes through the group's rendezvous
   store (set + wait with the deadline), which consumes no collective: a rank that is not armed
   (the check off, or no vllm-hotfix there) costs its peers one deadline and leaves the group intact.
@@ -32,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the body sized by the step, not the window's capacity
 ERROR_BYTES = 240  # the error text each rank can send, UTF-8, cut to this length
 _HEADER = 5 + ERROR_BYTES  # protocol, error flag, entry time (two floats), text length, text
 _TIME_SPLIT = 65536.0  # entry time = hi * 65536 + lo: float32 keeps ~4 ms of it
@@ -74,8 +76,9 @@ def exchange(
 ) -> Exchanged:
     """This step's exchange. `body`: 1-D float32 of `size` elements (any device), None when this
     rank could not build it (`error` says why); `group`: vLLM's GroupCoordinator (None: alone);
-    `hello`: what every rank must share (ids, hidden size, window length), checked with `size` at
-    the first call of a window: a call with another size or hello starts a new window."""
+    `size` is the step's and must be the same on every rank; `hello`: what every rank must share
+    (ids, hidden size, window length), checked at the first call of a window: a call with another
+    hello starts a new window."""
     import torch
 
     body, error = _own_body(body, size, error)
@@ -85,7 +88,7 @@ def exchange(
         return Exchanged(row, [error])
     rank = int(group.rank_in_group)
     cpu_group = group.cpu_group
-    facts = {"protocol": PROTOCOL, "size": int(size), **dict(hello or {})}
+    facts = {"protocol": PROTOCOL, **dict(hello or {})}
     session = _sessions.get(id(cpu_group))
     if session is None or session.hello != facts:
         session = _sessions[id(cpu_group)] = _Session(facts)
@@ -100,9 +103,10 @@ def exchange(
             session.problem = problem or f"not run: rank(s) {failed} could not start the check"
             return Exchanged(nan, errors, session.problem)
         session.handshaken = True
+    if session.send is None or session.send.numel() < _HEADER + size:  # grown, never per step
         session.send = torch.empty(_HEADER + size, dtype=torch.float32)
         session.received = torch.empty(world * (_HEADER + size), dtype=torch.float32)
-    send, received = session.send, session.received
+    send, received = session.send[: _HEADER + size], session.received[: world * (_HEADER + size)]
     _fill(send, body, error)
     started = time.monotonic()
     # torch 2.13 renamed all_gather_into_tensor (deprecated there) to all_gather_single
@@ -111,7 +115,7 @@ def exchange(
     try:
         work.wait(timeout=datetime.timedelta(seconds=deadline_s))
     except Exception as failure:  # the deadline (gloo: "Operation timed out!") or the group's own error
-        _pending.append((work, send, received))
+        _pending.append((work, session.send, session.received))
         session.send = session.received = None  # kept alive in _pending: gloo may still write them
         waited = time.monotonic() - started
         session.problem = (

@@ -213,7 +213,8 @@ class _Step:
             vllm_version=getattr(vllm, "__version__", None),
         )
 
-        # the payload's fixed size: the most tokens the scheduler puts in one step
+        # the most tokens the scheduler puts in one step: what a step's check can hold (each step's
+        # exchange is sized by that step's tokens, checks.check_step)
         scheduler = getattr(getattr(runner, "vllm_config", None), "scheduler_config", None)
         most = getattr(runner, "max_num_tokens", None) or getattr(scheduler, "max_num_batched_tokens", None)
         self.max_tokens = int(most) if most else None
