@@ -141,3 +141,33 @@ def test_every_planted_defect_class_fails_by_five_times_the_tolerance() -> None:
         assert float(statistic.min()) > 1, name
         assert float(statistic.median()) >= 5 and float(steps.min()) >= 5, name
     print("\nplanted defects (statistic / tolerance):\n" + "\n".join(lines))
+
+
+def test_projection_in_chunks_equals_the_whole_and_never_copies_a_whole_state(monkeypatch) -> None:
+    """Issue 35 item 4: a state is made float32 CHUNK_ROWS rows at a time (bounded memory whatever
+    the step's tokens), with the same fingerprints, norms and finiteness as the whole at once."""
+    import torch
+
+    from vllm_hotfix.verify import reference
+
+    monkeypatch.setattr(reference, "CHUNK_ROWS", 7)
+    state = torch.randn(30, 64, dtype=torch.bfloat16)
+    matrix = reference.projection(64, "cpu")
+    made: list[int] = []
+    real_float = torch.Tensor.float
+
+    def counted(self):
+        made.append(self.shape[0])
+        return real_float(self)
+
+    out, norms = torch.empty(30, reference.K), torch.empty(30)
+    monkeypatch.setattr(torch.Tensor, "float", counted)
+    finite = reference.project(state, matrix, out, norms)
+    monkeypatch.setattr(torch.Tensor, "float", real_float)
+    assert made == [7, 7, 7, 7, 2]
+    whole = state.float()
+    assert torch.allclose(out, whole @ matrix, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(norms, torch.linalg.vector_norm(whole, dim=-1))
+    assert bool(finite)
+    state[23, 5] = float("nan")
+    assert not bool(reference.project(state, matrix, out, norms))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_hotfix.verify import reference
-from vllm_hotfix.verify.reference import K, projection, rel_prints
+from vllm_hotfix.verify.reference import K, project, projection, rel_prints
 
 # Tolerances on the relative disagreement (per token: |fingerprint difference| / the state's `scale`),
 # and on the final-id check (per token: |norm(state) - output| / |output|). The states of a TP group
@@ -138,9 +138,9 @@ def shapes(
 def fingerprints(
     states: list[Any], shaped: list[bool], wanted: int, tokens: int, proj: Any
 ) -> tuple[Any, Any, Any]:
-    """Each state's float32 copy projected on the K directions ([ids, tokens, K]; NaN where a
-    state is missing or malformed), each row's norm in fingerprint units ([ids, tokens]: the
-    `scale` of rel_prints), and whether every copy is finite."""
+    """Each state projected on the K directions in float32 ([ids, tokens, K]; NaN where a state is
+    missing or malformed; `reference.project`, a bounded float32 chunk at a time), each row's norm
+    in fingerprint units ([ids, tokens]: the `scale` of rel_prints), and whether every row is finite."""
     import torch
 
     prints = torch.full((wanted, tokens, K), float("nan"), device=proj.device)
@@ -149,10 +149,8 @@ def fingerprints(
     unit = (K / proj.shape[0]) ** 0.5
     for i, (state, good) in enumerate(zip(states[:wanted], shaped, strict=False)):
         if good:
-            rows = state[:tokens].float()
-            finite = finite & torch.isfinite(rows).all()
-            prints[i] = rows @ proj
-            scales[i] = torch.linalg.vector_norm(rows, dim=-1) * unit
+            finite = finite & project(state[:tokens], proj, prints[i], scales[i])
+            scales[i] *= unit
     return prints, scales, finite
 
 

@@ -86,13 +86,13 @@ def _tap(
         meta[site, 1].fill_(0)
         return
     rows = min(int(hidden.shape[0]), int(fp_hidden.shape[1]))
-    import torch
+    from vllm_hotfix.verify.reference import project
 
-    torch.matmul(hidden[:rows].float(), projection, out=fp_hidden[site, :rows])
+    project(hidden[:rows], projection, fp_hidden[site, :rows])
     if residual is None:
         fp_residual[site, :rows].zero_()
     else:
-        torch.matmul(residual[:rows].float(), projection, out=fp_residual[site, :rows])
+        project(residual[:rows], projection, fp_residual[site, :rows])
     meta[site, 1].fill_(int(hidden.shape[0]))
 
 
