@@ -64,7 +64,7 @@ FAMILIES = {
     )
 }
 # a dense, a MoE, a hybrid (tests/test_zoo_sweep.py), chosen for cheap runs to keep CI near 5 minutes:
-# the hybrid is NemotronH (83 s compiled on 2026-12-03), not Qwen3-Next (244 s on the same machine)
+# the hybrid is NemotronH (83 s compiled on 2026-12-03), not Qwen3-Next (244 s and 326 s on that machine)
 CI_SUBSET = ("llama", "qwen3-moe", "nemotron-h")
 
 
