@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Regenerate docs/verification.md's benchmark table from benchmarks/results/*.json (written by the
-benchmarks) and its release-matrix table from benchmarks/results/matrix/*.json (scripts/matrix.sh).
+benchmarks), its release-matrix table from benchmarks/results/matrix/*.json (scripts/matrix.sh) and
+its model-zoo table from benchmarks/results/zoo/*.json (scripts/zoo_sweep.py).
 
-Only the text between `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->`, and between
-`<!-- matrix:start -->` and `<!-- matrix:end -->`, is replaced. `--check` writes nothing and exits 1
-when either table differs from the result files.
+Only the text between `<!-- benchmarks:start -->` and `<!-- benchmarks:end -->`, between
+`<!-- matrix:start -->` and `<!-- matrix:end -->`, and between `<!-- zoo:start -->` and
+`<!-- zoo:end -->`, is replaced. `--check` writes nothing and exits 1 when a table differs from the
+result files.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     text = args.doc.read_text(encoding="utf-8")
     updated = tables.with_table(text, tables.benchmark_table(), tables.BENCHMARK_MARKERS)
     updated = tables.with_table(updated, tables.matrix_table(), tables.MATRIX_MARKERS)
+    updated = tables.with_table(updated, tables.zoo_table(), tables.ZOO_MARKERS)
     return write_or_check(
         args.doc,
         text,
         updated,
-        what="the benchmark and matrix tables",
+        what="the benchmark, matrix and model-zoo tables",
         check=args.check,
         script=__file__,
     )

@@ -1,4 +1,5 @@
-"""docs/verification.md's benchmark table is made from the files the benchmarks write, and from nothing else.
+"""docs/verification.md's benchmark table is made from the files the benchmarks write, and from nothing else
+(its release-matrix and model-zoo tables likewise, from their row files).
 
 A benchmark prints its figures and writes them to benchmarks/results/NAME.json
 (harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files
@@ -19,10 +20,12 @@ from harness.bench_results import BENCHMARKS, RESULTS_DIR, Recorder, Row, median
 from harness.tables import (
     BENCHMARK_MARKERS,
     MATRIX_MARKERS,
+    ZOO_MARKERS,
     benchmark_table,
     matrix_table,
     table_in,
     with_table,
+    zoo_table,
 )
 
 VERIFICATION = Path(__file__).resolve().parent.parent / "docs" / "verification.md"
@@ -39,6 +42,14 @@ def test_documented_matrix_is_the_one_the_row_files_give() -> None:
     text = VERIFICATION.read_text(encoding="utf-8")
     assert table_in(text, MATRIX_MARKERS) == matrix_table(), (
         "docs/verification.md's release matrix differs from benchmarks/results/matrix/:"
+        " run `python scripts/update_bench_table.py`"
+    )
+
+
+def test_documented_zoo_table_is_the_one_the_row_files_give() -> None:
+    text = VERIFICATION.read_text(encoding="utf-8")
+    assert table_in(text, ZOO_MARKERS) == zoo_table(), (
+        "docs/verification.md's model-zoo table differs from benchmarks/results/zoo/:"
         " run `python scripts/update_bench_table.py`"
     )
 

