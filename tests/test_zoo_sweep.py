@@ -139,3 +139,28 @@ def test_qwen3_5s_model_file_imports_only_with_the_torchvision_stub(testenv) -> 
     stubbed = testenv.run(code, version=NEWEST, paths=(str(zoo.STUBS),), timeout=300)
     assert stubbed.returncode == 0 and "Qwen3_5ForCausalLM" in stubbed.stdout, stubbed.stderr[-2000:]
     assert zoo.FAMILIES["qwen3.5"].stub_torchvision
+
+
+# The check's negative controls on classes that capture through vLLM's shared helper (issue 36): a
+# wrong state planted in the model's outer forward (harness/child/sites/fault) FAILs exactly its
+# ids, the untouched id stays ok. Ids [1, 2, 4] are indices 0, 1, 2: `next`, id 1 holding id 2's
+# state (off-by-one); `alias`, id 2 holding the final state; `scale`, the final state x1.5.
+ZOO_PLANTED = {
+    "next+alias": ("0:0:next,0:1:alias", ["FAIL", "FAIL", "ok"]),
+    "scale": ("0:2:scale", ["ok", "ok", "FAIL"]),
+}
+
+
+@pytest.mark.long
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.xdist_group("zoo-sweep")
+@pytest.mark.parametrize("planted", list(ZOO_PLANTED))
+@pytest.mark.parametrize("family", ["llama", "qwen3-moe", "gpt-oss"])
+def test_planted_states_fail_exactly_their_ids(sweep: zoo.Sweep, family: str, planted: str) -> None:
+    faults, expected = ZOO_PLANTED[planted]
+    row = sweep.run(family, tp=1, faults=faults)
+    described = f"{row}\n{zoo.table([row])}"
+    assert (row.verdict, row.exit_code) == ("FAIL", 1), described
+    assert [e["status"] for e in row.per_id] == expected, described
+    assert all(e["max_rel_diff"] > 0.1 for e in row.per_id if e["status"] == "FAIL"), described

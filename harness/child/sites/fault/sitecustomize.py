@@ -2,7 +2,9 @@
 
 Put this directory on PYTHONPATH and set VLLM_HOTFIX_TEST_FAULT=RANK[:INDEX[:KIND]], or several
 such faults separated by commas (each on its own index): in the worker of that TP rank,
-DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile) changes the
+DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile; another
+class with VLLM_HOTFIX_TEST_FAULT_CLASS=MODULE:CLASS, e.g.
+vllm.model_executor.models.llama:LlamaForCausalLM, whose `model.norm` is its final norm) changes the
 aux state at INDEX (default 0; -1 the last) that it returns, in place, before the runner receives
 it. KIND: `shift` (default) adds 0.5 times each token's root mean square; `scale` multiplies by 1.5;
 `zero` zeroes it; `next` puts the next index's state there (an off-by-one id); `alias` the last
@@ -50,8 +52,13 @@ if FAULT:
         )
     import wrapt
 
+    _WHERE = os.environ.get("VLLM_HOTFIX_TEST_FAULT_CLASS") or (
+        "vllm.model_executor.models.deepseek_v2:DeepseekV2ForCausalLM"
+    )
+    _MODULE, _, _CLASS = _WHERE.partition(":")
+
     def _plant(module) -> None:
-        cls = module.DeepseekV2ForCausalLM
+        cls = getattr(module, _CLASS)
         original = cls.forward
         previous = {}  # (index, shape) -> the clean state of the last call of that shape (`stale`)
 
@@ -94,7 +101,7 @@ if FAULT:
 
         cls.forward = forward
 
-    wrapt.register_post_import_hook(_plant, "vllm.model_executor.models.deepseek_v2")
+    wrapt.register_post_import_hook(_plant, _MODULE)
 
 CHECK_FAULT = os.environ.get("VLLM_HOTFIX_TEST_CHECK_FAULT")
 CHECK_STAGES = {
