@@ -112,6 +112,24 @@ def test_checked_runs_keep_vllms_compile_caches_in_a_root_keyed_by_the_check(mon
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "xdg" / "vllm" / "vllm-hotfix-verify" / key)
 
 
+DEFAULT_ROOT = """
+import json, os
+os.environ.pop("VLLM_CACHE_ROOT", None)
+import vllm.envs
+print(json.dumps(vllm.envs.VLLM_CACHE_ROOT))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", [OLDEST, NEWEST])
+def test_the_derived_default_root_is_vllms_own(testenv, version: str, tmp_path: Path) -> None:
+    """seam._keyed_compile_cache derives vLLM's default cache root without importing vLLM (it runs
+    before vLLM is imported): the installed vLLM's own default must be that root."""
+    done = testenv.run(["-c", DEFAULT_ROOT], version=version, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == str(tmp_path / "xdg" / "vllm")
+
+
 def test_the_key_changes_with_the_checks_code(monkeypatch, tmp_path) -> None:
     from vllm_hotfix.verify import seam
 
