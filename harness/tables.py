@@ -90,7 +90,7 @@ def matrix_table(results_dir: Path = MATRIX_DIR) -> str:
     for record in records:
         row = Row(**record["row"])
         verdict = ("PASS: " if row.ok else "") + row.oracle
-        load = "/".join(f"{x:g}" for x in record.get("load_average", ())) or "not recorded"
+        load = _load_cell(record)
         if record.get("source"):  # a row printed before rows were saved as files, copied from its table
             load += " (transcribed)"
         cells = [row.release, row.mode, row.stock, row.patched, verdict, f"{row.seconds:.0f}"]
@@ -100,6 +100,11 @@ def matrix_table(results_dir: Path = MATRIX_DIR) -> str:
         f"Not run yet: {', '.join(missing)}." if missing else "Every row of the matrix has been run.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _load_cell(record: dict[str, Any]) -> str:
+    """A saved row's 1- and 5-minute load averages, e.g. `2.3/6.06`."""
+    return "/".join(f"{x:g}" for x in record.get("load_average", ())) or "not recorded"
 
 
 def zoo_table(results_dir: Path = ZOO_DIR) -> str:
@@ -123,8 +128,9 @@ def zoo_table(results_dir: Path = ZOO_DIR) -> str:
     ]
     for record in records:
         row = ZooRow(**record["row"])
-        load = "/".join(f"{x:g}" for x in record.get("load_average", ())) or "not recorded"
-        lines.append("| " + " | ".join([*zoo_cells(row), f"{record['measured']}, {load}"]) + " |")
+        lines.append(
+            "| " + " | ".join([*zoo_cells(row), f"{record['measured']}, {_load_cell(record)}"]) + " |"
+        )
     lines += [
         "",
         f"Not run yet: {', '.join(missing)}." if missing else "Every family of the sweep has a row.",

@@ -107,10 +107,15 @@ def mode_of(log: str, tp: int) -> str:
     return f"{'compiled' if compiled else 'eager'}, TP={tp}"
 
 
+def engine_args(family: Family, tp: int) -> list[str]:
+    """vLLM's arguments for a family's run (after the command's `--`), as its row records them."""
+    return [*ENGINE_ARGS, *family.engine_args, *(["--tensor-parallel-size", str(tp)] if tp > 1 else [])]
+
+
 def row_from(family: Family, tp: int, code: int, stdout: str, log: str, seconds: float) -> Row:
     """The row of one run, from the command's `--json` document (its whole stdout) and the log."""
     mode = mode_of(log, tp)
-    args = [*ENGINE_ARGS, *family.engine_args, *(["--tensor-parallel-size", str(tp)] if tp > 1 else [])]
+    args = engine_args(family, tp)
     try:
         document = json.loads(stdout)
     except ValueError:
@@ -183,8 +188,7 @@ class Sweep:
         planted = f"-planted-{faults.replace(':', '_').replace(',', '+')}" if faults else ""
         work = self.work / f"{name}-tp{tp}{planted}"
         args = ["-m", "vllm_hotfix", "verify", str(checkpoint), "--report-dir", str(work / "reports")]
-        args += [*VERIFY_ARGS, "--json", "--", *ENGINE_ARGS, *family.engine_args]
-        args += ["--tensor-parallel-size", str(tp)] if tp > 1 else []
+        args += [*VERIFY_ARGS, "--json", "--", *engine_args(family, tp)]
         # its own compile cache: no artifact of another family's run is reused
         env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache")}
         if tp > 1:

@@ -179,12 +179,18 @@ def test_tp2_fix_off_with_the_final_id_fails_the_count(verify) -> None:
     assert "vLLM stopped with an error: " in run["stdout"]  # then the bug's own crash, reported as such
 
 
-def test_tp1_patched_passes(verify) -> None:
-    run = verify(1)
+def _assert_passes(run: dict[str, Any]) -> dict[str, Any]:
+    """A healthy TP=1 run: exit 0, PASS, every id compared and ok; returns its report."""
     assert run["code"] == 0, _describe(run)
     (report,) = run["reports"]
-    assert report["verdict"] == "PASS" and report["world"] == 1 and report["final"]["ok"] is True
+    assert report["verdict"] == "PASS", report
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
+    return report
+
+
+def test_tp1_patched_passes(verify) -> None:
+    report = _assert_passes(verify(1))
+    assert report["world"] == 1 and report["final"]["ok"] is True
 
 
 def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
@@ -279,9 +285,7 @@ def _assert_vllm_compile(run: dict[str, Any]) -> None:
 def test_vllm_compile_mode_passes(verify) -> None:
     run = verify(1, **{VLLM_COMPILE: "1"})
     _assert_vllm_compile(run)
-    assert run["code"] == 0, _describe(run)
-    (report,) = run["reports"]
-    assert report["verdict"] == "PASS" and [e["status"] for e in report["per_id"]] == ["ok"] * 3
+    _assert_passes(run)
 
 
 @pytest.mark.long
@@ -295,10 +299,7 @@ def test_vllm_compile_mode_fails_exactly_the_planted_ids(verify, planted: str) -
 # Eager (`--enforce-eager`): the extra case beside the compiled default, the same planted classes.
 @pytest.mark.long
 def test_eager_passes(verify) -> None:
-    run = verify(1, eager=True)
-    assert run["code"] == 0, _describe(run)
-    (report,) = run["reports"]
-    assert report["verdict"] == "PASS" and [e["status"] for e in report["per_id"]] == ["ok"] * 3
+    _assert_passes(verify(1, eager=True))
 
 
 @pytest.mark.long
