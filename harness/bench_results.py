@@ -25,7 +25,15 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 
 # The table's order, and the command that measures each benchmark (scripts/bench.sh NAME).
-BENCHMARKS = ("startup", "patch_cost", "forward_time", "engine_throughput", "v32_tp_cost", "verify_cost")
+BENCHMARKS = (
+    "startup",
+    "patch_cost",
+    "forward_time",
+    "engine_throughput",
+    "v32_tp_cost",
+    "verify_cost",
+    "verify_after_window",
+)
 
 # The files whose code a benchmark measures (repository paths): each result records their digests,
 # and tests/test_bench_table.py fails when one changed after the result was measured (re-run it).
@@ -51,6 +59,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/taps.py",
         "vllm_hotfix/verify/window.py",
         "benchmarks/verify_cost.py",
+    ),
+    "verify_after_window": (
+        "vllm_hotfix/verify/seam.py",
+        "vllm_hotfix/verify/taps.py",
+        "benchmarks/verify_after_window.py",
     ),
 }
 

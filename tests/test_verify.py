@@ -191,6 +191,7 @@ def _assert_passes(run: dict[str, Any]) -> dict[str, Any]:
 def test_tp1_patched_passes(verify) -> None:
     report = _assert_passes(verify(1))
     assert report["world"] == 1 and report["final"]["ok"] is True
+    assert report["taps_after_window"] == "returning at once"  # compiled: the op stays in the graph
 
 
 def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
@@ -239,6 +240,7 @@ def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
     assert report["final"]["max_rel_diff"] > 0.1 and report["ranks_agree"]["ok"]
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "FAIL"], report["per_id"]
     assert "VerifyError" in run["log"] and "VLLM_HOTFIX_STRICT=1 stops the run" in run["log"]
+    assert report["taps_after_window"] == "removed"  # eager: no hook left after the window
     found = json.loads(run["stdout"])
     assert (found["verdict"], found["exit_code"]) == ("FAIL", 1) and found["error"]  # vLLM stopped
 
@@ -299,7 +301,8 @@ def test_vllm_compile_mode_fails_exactly_the_planted_ids(verify, planted: str) -
 # Eager (`--enforce-eager`): the extra case beside the compiled default, the same planted classes.
 @pytest.mark.long
 def test_eager_passes(verify) -> None:
-    _assert_passes(verify(1, eager=True))
+    report = _assert_passes(verify(1, eager=True))
+    assert report["taps_after_window"] == "removed"  # eager: no hook left after the window
 
 
 @pytest.mark.long

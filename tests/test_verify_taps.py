@@ -196,14 +196,42 @@ def test_an_id_compared_on_one_step_is_covered() -> None:
 
 
 def test_after_the_window_the_taps_stop() -> None:
+    """A compiled engine's taps: the hooks stay (a guarded compile would recompile without them),
+    the op returns at once."""
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     _check(model, taps)
-    taps_mod.deactivate()
+    assert taps_mod.deactivate() == taps_mod.RETURNING
+    calls = taps.meta[:, 0].clone()
+    with torch.no_grad():
+        model(torch.randn(TOKENS, HIDDEN))
+    assert torch.equal(taps.meta[:, 0], calls) and taps.handles
+
+
+def test_after_the_window_an_eager_engines_hooks_are_removed() -> None:
+    """In an eager engine nothing of the check runs after the window: no hook is left on any layer,
+    so the op is not even called (its flag turned back on does not make it count)."""
+    model = Backbone()
+    hooks_before = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.layers]
+    taps = taps_mod.attach(model, HIDDEN, 64, eager=True)
+    statuses, _ = _check(model, taps)
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"}
+    assert taps_mod.deactivate() == taps_mod.REMOVED
+    assert [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.layers] == hooks_before
+    taps_mod._state["active"] = True
     calls = taps.meta[:, 0].clone()
     with torch.no_grad():
         model(torch.randn(TOKENS, HIDDEN))
     assert torch.equal(taps.meta[:, 0], calls)
+
+
+def test_hooks_stay_under_a_module_vllm_compiled() -> None:
+    """vLLM's compiled bytecode reads the hooks at every call (removing them makes it raise), so a
+    module vLLM compiled (its `compiled` flag) keeps them even if the config read said eager."""
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64, eager=True)
+    model.compiled = True  # what vLLM's support_torch_compile sets after the first compile
+    assert taps_mod.deactivate() == taps_mod.RETURNING and taps.handles
 
 
 def test_layers_of_another_form_are_na() -> None:

