@@ -11,7 +11,11 @@ id at a boundary of this rank's layers:
   `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
   returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
   tensor or `(hidden_states, None)`; the pair's first element alone where the layer reading it
-  overwrites its `residual` before reading it: `discards_residual`);
+  overwrites its `residual` before reading it: `discards_residual`); a pair is tapped instead on
+  what the norm reading it returns (a forward hook on layer k's input norm, or the final norm,
+  `reader_norm`): its sum `hidden_states + residual` is an output of vLLM's all-reduce + add-RMSNorm
+  fusion pattern, where the `hidden_states` a layer returns is that pattern's intermediate (its
+  all-reduce output) and a tap on it would keep the pattern from matching (`_tap_norms`);
 - each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
   both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
   fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
