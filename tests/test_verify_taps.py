@@ -211,6 +211,7 @@ def test_after_the_window_the_taps_stop() -> None:
 def test_after_the_window_an_eager_engines_hooks_are_removed() -> None:
     """In an eager engine nothing of the check runs after the window: no hook is left on any layer,
     so the op is not even called (its flag turned back on does not make it count)."""
+    taps_mod._registry.clear()  # one target model per worker process, as in vLLM
     model = Backbone()
     hooks_before = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.layers]
     taps = taps_mod.attach(model, HIDDEN, 64, eager=True)
@@ -523,3 +524,124 @@ def test_a_layer_whose_source_cannot_be_read_is_not_guessed() -> None:
     assert all("the source of Unread.forward cannot be read" in why[i] for i in (1, 2, 4)), why
     window = _window(found)
     assert window.verdict == "UNKNOWN" and [m["id"] for m in window.coverage()["not_compared"]] == [1, 2, 4]
+
+
+class AddNorm(torch.nn.Module):
+    """A fused add-RMSNorm's contract: with a residual, (normed sum, the sum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(HIDDEN) + 0.5)
+
+    def forward(self, x, residual=None):
+        summed = x if residual is None else x + residual
+        normed = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return normed if residual is None else (normed, summed)
+
+
+class NormLayer(torch.nn.Module):
+    """LlamaDecoderLayer's form: the pair it is given goes first into its input norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_layernorm = AddNorm()
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, positions, hidden_states, residual):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        return self.proj(torch.tanh(hidden_states)), residual
+
+
+class NormBackbone(Backbone):
+    """LlamaModel's form: the final norm reads the last layer's pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(NormLayer() for _ in range(LAYERS))
+        self.norm = AddNorm()
+
+    def forward(self, x):
+        stream, aux = super().forward(x)
+        hidden_states, residual = self.last
+        self.norm(hidden_states, residual)
+        return stream, aux
+
+
+def _norm_backbone() -> NormBackbone:
+    model = NormBackbone()
+    last = model.layers[-1]
+
+    def keep(module, args, output):  # the pair the final norm reads (NormBackbone.forward)
+        model.last = output
+
+    last.register_forward_hook(keep)
+    return model
+
+
+def test_a_pair_is_tapped_where_its_norm_returns_the_stream() -> None:
+    """A pair read first by `self.X(hidden_states, residual)` is tapped on what that norm returns
+    (the sum: a pattern output of vLLM's all-reduce + norm fusion, tests/test_verify_fusion.py),
+    never on the pair the layer returns; every id ok, eager and compiled; faults still FAIL."""
+    model = _norm_backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64, IDS)
+    assert taps.after_norm == {
+        1: "NormLayer.input_layernorm",
+        2: "NormLayer.input_layernorm",
+        3: "NormBackbone.norm",
+    }
+    assert [len(norm._forward_hooks) for norm in _reader_norms(model)] == [1, 1, 1]
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    plant, expected = PLANTED["zero"]
+    statuses, found = _check(model, taps, plant)
+    assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
+
+
+def _reader_norms(model) -> list:
+    return [model.layers[1].input_layernorm, model.layers[2].input_layernorm, model.norm]
+
+
+def test_after_the_window_an_eager_engines_norm_hooks_are_removed_too() -> None:
+    taps_mod._registry.clear()  # one target model per worker process, as in vLLM
+    model = _norm_backbone()
+    modules = [*model.layers, *_reader_norms(model)]
+    before = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in modules]
+    taps_mod.attach(model, HIDDEN, 64, IDS, eager=True)
+    assert taps_mod.deactivate() == taps_mod.REMOVED
+    assert [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in modules] == before
+
+
+def test_without_its_norm_hook_a_deferred_pair_is_never_a_pass() -> None:
+    """The exit hook leaves a pair to the norm's hook: with that hook gone, the id is n/a (the tap
+    did not run), never compared on stale fingerprints."""
+    model = _norm_backbone()
+    taps = taps_mod.attach(model, HIDDEN, 64, IDS)
+    for norm in _reader_norms(model):
+        norm._forward_hooks.clear()
+    statuses, found = _check(model, taps)
+    assert statuses == {0: "ok", 1: "n/a", 2: "n/a", 4: "n/a"}, found.per_id
+    assert all("did not run" in e["why"] for e in found.per_id if e["id"]), found.per_id
+
+
+@pytest.mark.parametrize(
+    ("body", "norm"),
+    [
+        ("hidden_states, residual = self.input_layernorm(hidden_states, residual)", "input_layernorm"),
+        (
+            "if residual is None:\n        h = self.ln(hidden_states)\n"
+            "    else:\n        h, r = self.ln(hidden_states, residual)",
+            "ln",
+        ),
+        ("x = self.ln(hidden_states, residual=residual)", None),
+        ("x = self.ln(residual, hidden_states)", None),
+    ],
+)
+def test_reader_norm_reads_the_forward_source(body: str, norm: str | None) -> None:
+    source = f"def forward(self, positions, hidden_states, residual):\n    {body}\n"
+    assert taps_mod.reader_norm(source) == norm

@@ -21,8 +21,13 @@ from typing import Any
 _LIBRARIES: list[object] = []  # the placeholder libraries, kept alive: a Library deregisters when collected
 
 
-def register_missing_placeholder_ops() -> list[str]:
-    """The CUDA-only `_C` kernels FixFunctionalizationPass names, as never-called placeholders."""
+def register_missing_placeholder_ops(modules: tuple[str, ...] = ()) -> list[str]:
+    """The CUDA-only `_C` kernels FixFunctionalizationPass names (and the vLLM modules `modules`
+    name, read as text before they are imported: a fusion pass's module looks its kernels up at
+    import), as never-called placeholders. Only `.default` overloads are named: a module that asks
+    for another overload tests for the op first (`hasattr(torch.ops._C, "scaled_fp4_quant")`)."""
+    import importlib.util
+
     import torch
     from vllm.compilation.passes.utility import fix_functionalization
     from vllm.platforms import current_platform
@@ -32,7 +37,13 @@ def register_missing_placeholder_ops() -> list[str]:
     # machine dies of an illegal instruction in it (measured: SIGILL in _C.abi3.so, AMD EPYC).
     current_platform.import_kernels()
 
-    referenced = set(re.findall(r"torch\.ops\._C\.(\w+)", Path(fix_functionalization.__file__).read_text()))
+    sources = [Path(fix_functionalization.__file__)]
+    sources += [Path(importlib.util.find_spec(name).origin) for name in modules]
+    referenced = {
+        name
+        for source in sources
+        for name in re.findall(r"torch\.ops\._C\.(\w+)\.default\b", source.read_text())
+    }
     missing = sorted(name for name in referenced if not hasattr(torch.ops._C, name))
     if missing:
         library = torch.library.Library("_C", "FRAGMENT")

@@ -11,7 +11,11 @@ id at a boundary of this rank's layers:
   `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
   returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
   tensor or `(hidden_states, None)`; the pair's first element alone where the layer reading it
-  overwrites its `residual` before reading it: `discards_residual`);
+  overwrites its `residual` before reading it: `discards_residual`); a pair is tapped instead on
+  what the norm reading it returns (a forward hook on layer k's input norm, or the final norm,
+  `reader_norm`): its sum `hidden_states + residual` is an output of vLLM's all-reduce + add-RMSNorm
+  fusion pattern, where the `hidden_states` a layer returns is that pattern's intermediate (its
+  all-reduce output) and a tap on it would keep the pattern from matching (`_tap_norms`);
 - each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
   both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
   fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
@@ -178,7 +182,8 @@ class Taps:
         self.unread: dict[int, str] = {}  # row: why its pair form's stream is unknown (no source)
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
         self.eager = eager  # vLLM compiles nothing: the hooks go after the window
-        self.handles: list[Any] = []
+        self.handles: list[Any] = []  # every hook of these taps, the norms' included
+        self.after_norm: dict[int, str] = {}  # row: the norm that taps its pair form (_tap_norms)
 
     def remove_hooks(self) -> None:
         for handle in self.handles:
@@ -232,7 +237,10 @@ class Taps:
         """What the layer returns, at `row`; `form_only`: only a form that is neither (on the first
         layer, whose input the entry hook taps: its stream means nothing for such a model);
         `stream_first`: the receiving layer discards the residual it is given (`discards_residual`),
-        so the stream is the pair's first element alone."""
+        so the stream is the pair's first element alone. A pair form is left to the norm that reads
+        it where there is one (`after_norm`, `norm_hook`): tapped here, its `hidden_states` (in
+        Llama-family and DeepSeek models the all-reduce output that vLLM fuses into that norm) would
+        get a user outside the fusion pattern, and the pattern would not match."""
 
         def post(module: Any, args: tuple, output: Any) -> None:
             # no Python side effect here (module docstring): what the hook learns goes through the op
@@ -243,9 +251,27 @@ class Taps:
                 if output[1] is None or stream_first:
                     hidden, form = output[0], STREAM
                 elif self._tensor(output[1]) and output[1].shape == output[0].shape:
+                    if row in self.after_norm:
+                        return None  # the norm's hook taps what the norm returns (docstring)
                     hidden, residual, form = output[0], output[1], PAIR
             if form == OTHER or not form_only:
                 self.op(hidden, residual, *self._out(row), form)
+            return None
+
+        return post
+
+    def norm_hook(self, row: int) -> Any:
+        """On the norm that reads row `row`'s pair (`reader_norm`): what it returns, the stream
+        `hidden_states + residual` it computed (a fused add-RMSNorm's second output), is the stream
+        at `row`. A pattern output, never an intermediate of vLLM's all-reduce + norm fusion: the
+        graph with this tap fuses as the graph without (tests/test_verify_fusion.py)."""
+
+        def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            residual = args[1] if len(args) > 1 else kwargs.get("residual")
+            if not self._tensor(residual) or not isinstance(output, tuple) or len(output) != 2:
+                return None  # called without the pair (a stream form): the layer's exit hook taps
+            if self._tensor(output[1]):
+                self.op(output[1], None, *self._out(row), STREAM)
             return None
 
         return post
@@ -313,8 +339,64 @@ def attach(
             taps.handles.append(layer.register_forward_hook(taps.exit_hook(row, stream_first=bool(discards))))
         taps.layer_names[row] = type(layer).__name__
     taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
+    _tap_norms(taps, holder, layers, end)
     _registry[holder] = taps
     return taps
+
+
+def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
+    """Move each pair form's tap (id k > the first local layer) from the exit of layer k-1 to the
+    norm that reads the pair, where its module is known: layer k's first `self.X(hidden_states,
+    residual)` (`reader_norm`; a local layer of a reader that keeps its residual), or, for the final
+    id, the holder's (its final norm). Elsewhere the exit hook taps the pair as before."""
+    import torch
+
+    for layer_id, row in taps.rows.items():
+        if layer_id == taps.start:
+            continue
+        if layer_id < end:
+            reader, owner = layers[layer_id], layers[layer_id]
+        elif layer_id == len(layers):
+            reader, owner = layers[layer_id - 1], holder
+        else:
+            continue  # the reader is on another pipeline rank
+        if _discards(reader) is not False:
+            continue
+        name = _class_reader_norm(type(owner))
+        norm = getattr(owner, name, None) if name else None
+        if not isinstance(norm, torch.nn.Module):
+            continue
+        taps.handles.append(norm.register_forward_hook(taps.norm_hook(row), with_kwargs=True))
+        taps.after_norm[row] = f"{type(owner).__name__}.{name}"
+
+
+def reader_norm(forward_source: str) -> str | None:
+    """The attribute of the first module a forward calls as `self.X(hidden_states, residual)` (its
+    input norm for a decoder layer, the final norm for a backbone), or None."""
+    tree = ast.parse(textwrap.dedent(forward_source))
+    calls = sorted(
+        (node for node in ast.walk(tree) if isinstance(node, ast.Call)),
+        key=lambda node: (node.lineno, node.col_offset),
+    )
+    for call in calls:
+        func = call.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and not call.keywords
+            and [getattr(a, "id", None) for a in call.args] == ["hidden_states", "residual"]
+        ):
+            return func.attr
+    return None
+
+
+@functools.cache
+def _class_reader_norm(cls: type) -> str | None:
+    try:
+        return reader_norm(inspect.getsource(cls.forward))
+    except Exception:
+        return None
 
 
 def split_layer_reason(forward_source: str, owner: str) -> str | None:
