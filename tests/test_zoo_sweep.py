@@ -25,7 +25,16 @@ from harness.testenv import NEWEST
 IDS = [1, 2, 4]  # the command's default on 4 layers: the EAGLE3 convention 2, L//2, L-3, plus L
 TOLERANCE = 2e-2  # the check's tolerance for 16-bit states (vLLM runs these float32 configs in bfloat16)
 # the MoE and hybrid families at TP=2 (CI_SUBSET's included: CI runs TP=1 only)
-LONG_TP2 = ("qwen3-moe", "gpt-oss", "qwen3-next", "nemotron-h")
+LONG_TP2 = (
+    "qwen3-moe",
+    "gpt-oss",
+    "minimax-m2",
+    "afmoe",
+    "cohere2-moe",
+    "mimo-v2-flash",
+    "qwen3-next",
+    "nemotron-h",
+)
 
 
 @pytest.fixture(scope="module")
