@@ -85,6 +85,8 @@ class Variant:
 # fault site, VLLM_HOTFIX_TEST_GPU_NORMS=1) and put first with vLLM's own `--ir-op-priority`
 # (kernel_config.ir_op_priority, which each worker applies at start-up). Ids 0, 1, 2 and the final 4.
 IR_OP_PRIORITY = '{"fused_add_rms_norm": ["gpu_inplace_emulation", "native"]}'
+# what vLLM's config line ("Final IR op priority ...") says when the emulation is first
+EMULATION_FIRST = "fused_add_rms_norm=['gpu_inplace_emulation', 'native']"
 INPLACE = dict(ids=(0, 1, 2, 4), engine_args=("--ir-op-priority", IR_OP_PRIORITY), gpu_norms=True)
 VARIANTS = {
     v.name: v
@@ -194,6 +196,9 @@ def row_from(
         final["note"] = next((f["note"] for f in finals if f.get("note")), None)  # why it was not checked
     verdict = document.get("verdict") or "ERROR"
     notes = [str(document["error"])] if document.get("error") else []
+    if VARIANTS[variant].gpu_norms and EMULATION_FIRST not in log:  # not the mode the row names
+        verdict = "ERROR"
+        notes.append("the in-place norm emulation was not first: vLLM's IR op priority line does not say so")
     notes += [str(p) for p in document.get("problems") or []]
     notes += [str(first[k]) for k in ("note", "hint") if first.get(k)]
     if verdict != "PASS":

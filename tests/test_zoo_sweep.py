@@ -175,21 +175,31 @@ def test_a_saved_row_is_what_the_zoo_table_shows(tmp_path: Path) -> None:
     assert table_in(with_table(f"a\n{start}\nold\n{end}\nb\n", table, ZOO_MARKERS), ZOO_MARKERS) == table
 
 
+PRIORITY_LINE = (
+    "... Final IR op priority after setting platform defaults: IrOpPriorityConfig(rms_norm=['native'],"
+    f" {zoo.EMULATION_FIRST}, gelu_and_mul_sparse=['native'])"
+)
+
+
 def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Path) -> None:
     family = zoo.FAMILIES["llama"]
     off = "inplace-fix-off"
     stock = _document("FAIL", ["FAIL", "ok", "ok", "ok"], 1, INPLACE_IDS)
-    failed = zoo.row_from(family, 1, 1, stock, ENGINE_LINE, 12.0, off)
+    # a run whose log does not show the emulation first is not the mode the row names
+    unsure = zoo.row_from(family, 1, 1, stock, ENGINE_LINE, 12.0, off)
+    assert unsure.verdict == "ERROR" and not unsure.ok and "not first" in unsure.note
+    log = f"{PRIORITY_LINE}\n{ENGINE_LINE}"
+    failed = zoo.row_from(family, 1, 1, stock, log, 12.0, off)
     assert failed.ok and failed.mode == "compiled, TP=1, in-place norms, fix shared-capture-id0 off"
     assert failed.key == "llama--tp1--inplace-fix-off" and failed.tp == 1
     # the fix off, yet id 0 ok, or another id failing too: not what the variant expects
     passed = _document("PASS", ["ok"] * 4, 0, INPLACE_IDS)
-    assert not zoo.row_from(family, 1, 0, passed, ENGINE_LINE, 12.0, off).ok
+    assert not zoo.row_from(family, 1, 0, passed, log, 12.0, off).ok
     two = _document("FAIL", ["FAIL", "FAIL", "ok", "ok"], 1, INPLACE_IDS)
-    assert not zoo.row_from(family, 1, 1, two, ENGINE_LINE, 12.0, off).ok
-    patched = zoo.row_from(family, 1, 0, passed, ENGINE_LINE, 12.0, "inplace")
-    assert patched.ok and not zoo.row_from(family, 1, 1, stock, ENGINE_LINE, 12.0, "inplace").ok
-    default = zoo.row_from(family, 1, 0, _document("PASS", ["ok"] * 3, 0), ENGINE_LINE, 12.0)
+    assert not zoo.row_from(family, 1, 1, two, log, 12.0, off).ok
+    patched = zoo.row_from(family, 1, 0, passed, log, 12.0, "inplace")
+    assert patched.ok and not zoo.row_from(family, 1, 1, stock, log, 12.0, "inplace").ok
+    default = zoo.row_from(family, 1, 0, _document("PASS", ["ok"] * 3, 0), log, 12.0)
     for row in (default, patched, failed):
         zoo.save(row, tmp_path)
     assert sorted(p.stem for p in tmp_path.glob("*.json")) == [
