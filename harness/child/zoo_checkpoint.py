@@ -112,6 +112,15 @@ FAMILIES = {
         "swa_v_head_dim": 32, "sliding_window_size": 64, "add_swa_attention_sink_bias": True,
         "rope_theta": 10000.0, "swa_rope_theta": 10000.0, "partial_rotary_factor": 1.0,
     }),
+    # MiniCPM: vLLM's MiniCPMForCausalLM on a Llama-shaped checkpoint (MiniCPM's weights are named as
+    # Llama's; its hub config is remote code, model_type "minicpm", which transformers 5.19 lacks), with
+    # MiniCPM's scalings added to config.json: embeddings x scale_emb, each branch x
+    # scale_depth / sqrt(layers), logits / (hidden / dim_model_base); its layers return (stream, None)
+    "minicpm": ("LlamaConfig", "LlamaForCausalLM", {
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    }, {
+        "architectures": ["MiniCPMForCausalLM"], "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 32,
+    }),
 }  # fmt: skip
 
 
