@@ -33,6 +33,7 @@ LONG_TP2 = (
     "cohere2-moe",
     "mimo-v2-flash",
     "qwen3-next",
+    "qwen3.5",
     "nemotron-h",
 )
 

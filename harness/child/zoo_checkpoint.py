@@ -69,9 +69,11 @@ FAMILIES = {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }),
-    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {  # text only; 3 gated-delta-net layers
+    # text only; 3 gated-delta-net layers; 2 linear key heads, so that TP=2 splits them (with 1, the
+    # TP=2 run failed in the CPU gated-delta-net kernel on a view of 0 key heads per rank)
+    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 2,
         "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     }),
     "nemotron-h": ("NemotronHConfig", "NemotronHForCausalLM", {  # dense: Mamba-2, MLP, attention, MLP
