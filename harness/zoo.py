@@ -62,6 +62,7 @@ FAMILIES = {
         Family("mimo-v2-flash", "MiMoV2FlashForCausalLM", "MoE"),
         Family("qwen3.5", "Qwen3_5ForCausalLM", "hybrid", HYBRID, HYBRID_WHY, stub_torchvision=True),
         Family("nemotron-h", "NemotronHForCausalLM", "hybrid", HYBRID, HYBRID_WHY),
+        Family("deepseek-v3", "DeepseekV3ForCausalLM", "MoE"),  # vLLM's CPU MLA backend
         Family("minicpm", "MiniCPMForCausalLM", "dense"),  # a Llama-shaped checkpoint (zoo_checkpoint.py)
     )
 }

@@ -32,6 +32,7 @@ LONG_TP2 = (
     "afmoe",
     "cohere2-moe",
     "mimo-v2-flash",
+    "deepseek-v3",
     "qwen3-next",
     "qwen3.5",
     "nemotron-h",

@@ -114,6 +114,15 @@ FAMILIES = {
         "swa_v_head_dim": 32, "sliding_window_size": 64, "add_swa_attention_sink_bias": True,
         "rope_theta": 10000.0, "swa_rope_theta": 10000.0, "partial_rotary_factor": 1.0,
     }),
+    # DeepSeek-V3 on vLLM's CPU MLA backend: its decode kernel takes a 576-wide latent only
+    # (kv_lora_rank 512 + qk_rope_head_dim 64); layer 0 dense, then MoE (sigmoid, one expert group)
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 64, "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid", "num_nextn_predict_layers": 0,
+    }),
     # MiniCPM: vLLM's MiniCPMForCausalLM on a Llama-shaped checkpoint (MiniCPM's weights are named as
     # Llama's; its hub config is remote code, model_type "minicpm", which transformers 5.19 lacks), with
     # MiniCPM's scalings added to config.json: embeddings x scale_emb, each branch x
