@@ -9,7 +9,11 @@ command's verdict and exit code, every id's status and largest figure, the final
 wall-clock seconds of the run; `save` writes it, dated, to benchmarks/results/zoo/, from which
 docs/verification.md's table is made (harness/tables.py). No figure in that table is typed.
 
-Run: python3 scripts/zoo_sweep.py [--families llama,qwen3-moe] [--tp 1,2]
+VARIANTS adds ways to run a family beyond vLLM's default: under the GPU's in-place add-RMSNorm
+emulated (harness/child/gpu_norms.py, in every process through the fault site), with id 0 asked for,
+with the hotfix and with its shared-capture-id0 fix off (that row must FAIL on id 0 alone).
+
+Run: python3 scripts/zoo_sweep.py [--families llama,qwen3-moe] [--tp 1,2] [--variants ,inplace]
 """
 
 from __future__ import annotations

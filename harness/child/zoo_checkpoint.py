@@ -1,6 +1,7 @@
-"""Build tiny random checkpoints of model families that capture aux states in vLLM: Llama, Qwen3,
-Qwen3-MoE, gpt-oss (through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`) and the
-hybrid Qwen3-Next, for the shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
+"""Build tiny random checkpoints of model families that capture aux states in vLLM (FAMILIES: Llama,
+Qwen3, Qwen3-MoE, gpt-oss through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`, the
+hybrids Qwen3-Next, Qwen3.5 and NemotronH, DeepSeek-V3 for CPU MLA, MiniCPM and more), for the
+shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
 
 Each is built by transformers from a small config (hidden 128, 4 layers, the tokenizer of
 tiny_checkpoint.py) with every matrix drawn from N(0, 0.05), seeded, so the states are well scaled
