@@ -6,9 +6,15 @@ Runs on the test environment (VLLM_HOTFIX_TEST_ENV, default ~/.cache/vllm-hotfix
 scripts/build-test-env.sh), under its Python (the script re-runs itself there), one engine at a
 time, under nice (NICE=10). Prints a line per run and the table at the end, writes each row, dated,
 to benchmarks/results/zoo/<family>--tp<N>.json and docs/verification.md's table from those files
-(`--results ''`: neither). Exit 1 if a row is not PASS with every id ok.
+(`--results ''`: neither). Exit 1 if a row is not what its variant expects (vLLM's default and
+`inplace`: PASS with every id ok; `inplace-fix-off`: FAIL on id 0 alone).
 
-    python3 scripts/zoo_sweep.py [--families llama,qwen3-moe] [--tp 1,2]
+    python3 scripts/zoo_sweep.py [--families llama,qwen3-moe] [--tp 1,2] [--variants ,inplace]
+
+`--variants` (comma-separated; the empty name is vLLM's default, the only one by default):
+`inplace` runs under the GPU's in-place add-RMSNorm emulated, with ids 0,1,2,4; `inplace-fix-off` the
+same with the hotfix's shared-capture-id0 fix off (VLLM_HOTFIX_DISABLE); both only for the families
+that capture through vLLM's shared helper (harness/zoo.py's INPLACE_FAMILIES), the others skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(zoo.FAMILIES), help=f"of {', '.join(zoo.FAMILIES)}")
     parser.add_argument("--tp", default="1", help="tensor-parallel sizes, e.g. 1,2")
     parser.add_argument(
+        "--variants", default="", help=f"of {', '.join(repr(v) for v in zoo.VARIANTS)}, comma-separated"
+    )
+    parser.add_argument(
         "--results", default=str(zoo.ZOO_DIR), help="where each row is saved ('' for nowhere)"
     )
     parser.add_argument("--work", help="where checkpoints and logs go (default: a new temporary directory)")
@@ -42,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(families) - set(zoo.FAMILIES))
     if unknown:
         parser.error(f"unknown families {unknown}; known: {', '.join(zoo.FAMILIES)}")
+    variants = args.variants.split(",")
+    if set(variants) - set(zoo.VARIANTS):
+        parser.error(f"unknown variants {sorted(set(variants) - set(zoo.VARIANTS))}")
     testenv = TestEnv.locate()
     if Path(sys.executable) != Path(testenv.python) and testenv.ready:
         # the plugin's wheel is built by this interpreter (harness/wheel.py): the test env's has the tools
@@ -60,21 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     sweep = zoo.Sweep(testenv, work, log)
     rows = []
     started = time.monotonic()
-    for tp in (int(x) for x in args.tp.split(",")):
-        for name in families:
-            try:
-                row = sweep.run(name, tp)
-            except Exception as error:  # one family that cannot be built must not hide the others
-                family = zoo.FAMILIES[name]
-                note = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                row = zoo.Row(
-                    name, family.model_class, f"compiled, TP={tp}", "ERROR", 3, [], {}, 0.0, note=note
-                )
-            rows.append(row)
-            log(" | ".join(zoo.cells(row)))
-            if args.results:
-                one, five, _ = os.getloadavg()
-                zoo.save(row, Path(args.results), (one, five))
+    runs = [
+        (tp, variant, name)
+        for tp in (int(x) for x in args.tp.split(","))
+        for variant in variants
+        for name in families
+        if not variant or name in zoo.INPLACE_FAMILIES
+    ]
+    for tp, variant, name in runs:
+        try:
+            row = sweep.run(name, tp, variant=variant)
+        except Exception as error:  # one family that cannot be built must not hide the others
+            family = zoo.FAMILIES[name]
+            note = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            mode = zoo.mode_of("", tp, variant).replace("unknown mode", "compiled")
+            row = zoo.Row(name, family.model_class, mode, "ERROR", 3, [], {}, 0.0, note=note, variant=variant)
+        rows.append(row)
+        log(" | ".join(zoo.cells(row)))
+        if args.results:
+            one, five, _ = os.getloadavg()
+            zoo.save(row, Path(args.results), (one, five))
     print(f"\nvllm-hotfix model-zoo sweep, {time.strftime('%Y-%m-%d')}, {time.monotonic() - started:.0f} s")
     print(zoo.table(rows))
     if args.results and Path(args.results).resolve() == zoo.ZOO_DIR.resolve():

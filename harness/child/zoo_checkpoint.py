@@ -1,6 +1,7 @@
-"""Build tiny random checkpoints of model families that capture aux states in vLLM: Llama, Qwen3,
-Qwen3-MoE, gpt-oss (through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`) and the
-hybrid Qwen3-Next, for the shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
+"""Build tiny random checkpoints of model families that capture aux states in vLLM (FAMILIES: Llama,
+Qwen3, Qwen3-MoE, gpt-oss through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`, the
+hybrids Qwen3-Next, Qwen3.5 and NemotronH, DeepSeek-V3 for CPU MLA, MiniCPM and more), for the
+shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
 
 Each is built by transformers from a small config (hidden 128, 4 layers, the tokenizer of
 tiny_checkpoint.py) with every matrix drawn from N(0, 0.05), seeded, so the states are well scaled
@@ -69,9 +70,11 @@ FAMILIES = {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
     }),
-    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {  # text only; 3 gated-delta-net layers
+    # text only; 3 gated-delta-net layers; 2 linear key heads, so that TP=2 splits them (with 1, the
+    # TP=2 run failed in the CPU gated-delta-net kernel on a view of 0 key heads per rank)
+    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 1,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 2,
         "linear_num_value_heads": 2, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     }),
     "nemotron-h": ("NemotronHConfig", "NemotronHForCausalLM", {  # dense: Mamba-2, MLP, attention, MLP
@@ -111,6 +114,24 @@ FAMILIES = {
         "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
         "swa_v_head_dim": 32, "sliding_window_size": 64, "add_swa_attention_sink_bias": True,
         "rope_theta": 10000.0, "swa_rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+    }),
+    # DeepSeek-V3 on vLLM's CPU MLA backend: its decode kernel takes a 576-wide latent only
+    # (kv_lora_rank 512 + qk_rope_head_dim 64); layer 0 dense, then MoE (sigmoid, one expert group)
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+        "intermediate_size": 256, "moe_intermediate_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "q_lora_rank": 64, "kv_lora_rank": 512, "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 64, "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2,
+        "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+        "topk_method": "noaux_tc", "scoring_func": "sigmoid", "num_nextn_predict_layers": 0,
+    }),
+    # MiniCPM: vLLM's MiniCPMForCausalLM on a Llama-shaped checkpoint (MiniCPM's weights are named as
+    # Llama's; its hub config is remote code, model_type "minicpm", which transformers 5.19 lacks), with
+    # MiniCPM's scalings added to config.json: embeddings x scale_emb, each branch x
+    # scale_depth / sqrt(layers), logits / (hidden / dim_model_base); its layers return (stream, None)
+    "minicpm": ("LlamaConfig", "LlamaForCausalLM", {
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    }, {
+        "architectures": ["MiniCPMForCausalLM"], "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 32,
     }),
 }  # fmt: skip
 

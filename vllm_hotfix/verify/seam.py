@@ -288,7 +288,9 @@ def _finish(note: str | None = None) -> None:
             from vllm_hotfix import engine
             from vllm_hotfix.fixes import ALL_FIXES
 
-            window.hint = hint(window.context.model_module, engine.records(), ALL_FIXES)
+            holders = [type(step.holder) for step in list(_steps.values()) if step.holder is not None]
+            model_class = holders[0] if holders else None
+            window.hint = hint(window.context.model_module, engine.records(), ALL_FIXES, model_class)
         incomplete = any(not check.complete for check in window.checks)
         window.stops_run = (window.verdict == FAIL or incomplete) and containment.strict_requested()
         line = window.line()

