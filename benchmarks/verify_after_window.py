@@ -73,14 +73,14 @@ HOOKS = (
 
 
 def _hooks(worker: Any, restore: bool) -> None:
-    """Take the layers' hooks off (for the compile without taps), or put them back exactly: the
+    """Take the model's hooks off (for the compile without taps), or put them back exactly: the
     `after` side's compiled bytecode reads them by position at every call (Dynamo's
     `dict_keys_getitem`), so it fails without them; the `never` side's does not read them."""
-    layers = _wrapper(worker).layers
+    modules = list(_wrapper(worker).modules())  # the layers and their norms (taps._tap_norms)
     kept = vars(worker).setdefault("_bench_hooks", {})
-    for index, layer in enumerate(layers):
+    for index, module in enumerate(modules):
         for name in HOOKS:
-            hooks = getattr(layer, name)
+            hooks = getattr(module, name)
             if restore:
                 hooks.update(kept[(index, name)])
             else:
@@ -109,6 +109,23 @@ def _taps_flag(worker: Any, on: bool) -> int:
 
     taps._state["active"] = on
     return int(taps.of(_wrapper(worker)).meta[:, 0].sum())
+
+
+def _op_call_us(worker: Any, calls: int = 20000) -> float:
+    """The taps' op called as a compiled graph calls it, with the flag off: microseconds a call."""
+    import torch
+
+    from vllm_hotfix.verify import taps
+
+    found = taps.of(_wrapper(worker))
+    hidden = torch.zeros(4, found.hidden_size, device=found.fp_hidden.device)
+    args = (hidden, hidden, *found._out(0), taps.PAIR)
+    taps._state["active"] = False
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(calls):
+            found.op(*args)
+        return (time.perf_counter() - start) / calls * 1e6
 
 
 def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
@@ -177,6 +194,7 @@ def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
         for side in ("after", "never") if i % 2 == 0 else ("never", "after"):
             times[side].append(run(side))
     ratios = [a / n for a, n in zip(times["after"], times["never"], strict=True)]
+    op_us = llm.collective_rpc(_op_call_us)
     return {
         "tp": tp,
         "ratio": summary(ratios),
@@ -184,6 +202,7 @@ def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
         "never_s": summary(times["never"]),
         "times_s": times,
         "op_calls_per_call_with_flag_on": moved,
+        "op_call_us": op_us,
         "windows": windows,
     }
 
@@ -192,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=60, help="alternating pairs of generate calls")
+    parser.add_argument(  # a generate call's time varies by +-20% on 2 cores: 1000 rounds for +-1%
+        "--rounds", type=int, default=1000, help="alternating pairs of generate calls (default 1000)"
+    )
     parser.add_argument("--tokens", type=int, default=16, help="tokens per generate call (default 16)")
     parser.add_argument("--tp", default="1,2", help="tensor-parallel sizes, one engine each (default 1,2)")
     parser.add_argument("--one-tp", type=int, help=argparse.SUPPRESS)  # the child: one engine
@@ -229,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"TP={result['tp']}: after the window / never checked: {text}; window {window['verdict']},"
             f" taps after it: {window['taps_after_window']}; op calls with the flag on for one call:"
-            f" {result['op_calls_per_call_with_flag_on']}"
+            f" {result['op_calls_per_call_with_flag_on']}; the op's call with the flag off, per rank:"
+            f" {', '.join(f'{us:.1f} us' for us in result['op_call_us'])}"
         )
         rows.append(
             Row(
@@ -239,6 +261,14 @@ def main(argv: list[str] | None = None) -> int:
                 text,
             )
         )
+    op_us = [us for result in results for us in result["op_call_us"]]
+    rows.append(
+        Row(
+            "`VLLM_HOTFIX_VERIFY`: after the window, the taps' op as a compiled graph calls it (flag off),"
+            " timed in the engine's workers",
+            f"{min(op_us):.1f}-{max(op_us):.1f} us a call, one call per tapped layer per step",
+        )
+    )
     import vllm
 
     recorder.write(rows, {f"tp{r['tp']}": r for r in results}, {"vllm": vllm.__version__})

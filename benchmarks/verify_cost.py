@@ -8,8 +8,8 @@ states with ids 1,2,4 (the final id: the norm check runs too), vLLM's default mo
 taps' op traced into the graph), TP=1, the engine core in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the runner's class can be switched between rounds.
 At TP=1 the exchange is a no-op: the all-gather's cost at TP>1 is not in this figure. The baseline
-still calls the taps' op once per tapped layer (it returns at once): the cost of that against an
-engine that never had the check is not measured here.
+still calls the taps' op once per tapped layer (it returns at once): what that costs against an
+engine compiled without the taps is benchmarks/verify_after_window.py's figure.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             "vLLM's own `execute_model` is back (the same function object) and the taps' flag is off: "
             + ("no cost there" if restored else "NOT restored")
             + "; the taps' op, one call per tapped layer that returns at once, stays in the compiled"
-            " graph (against an engine that never had the check: not measured)",
+            " graph (against the same engine compiled without the taps: verify_after_window)",
         ),
     ]
     recorder.write(rows, figures, {"vllm": vllm.__version__})
