@@ -62,8 +62,11 @@ def fusion_counts() -> dict:
         quant_out: torch.Tensor | None = None,
         scale_out: torch.Tensor | None = None,
     ) -> None:
+        # vLLM's call_trtllm_fused_allreduce_norm: without norm_out the norm goes to allreduce_in
+        # and the sum to residual; with it, the sum goes to allreduce_in (harness/child/gpu_norms.py's
+        # stand-in, which the engine runs, keeps that branch's contract too)
         out, summed = vllm.ir.ops.fused_add_rms_norm(allreduce_in, residual, rms_gamma, rms_eps)
-        residual.copy_(summed)
+        (residual if norm_out is None else allreduce_in).copy_(summed)
         (allreduce_in if norm_out is None else norm_out).copy_(out)
 
     # this module's annotations are strings (`from __future__`): the schema is inferred from types
