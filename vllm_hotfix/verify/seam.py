@@ -158,11 +158,11 @@ def _final_norm_note(inner: Any) -> tuple[Any, str]:
 
 
 def _aux_holder(model: Any) -> Any:
-    for sub in model.modules():
-        ids = getattr(sub, "aux_hidden_state_layers", None)
-        if isinstance(ids, (list, tuple)) and ids and all(isinstance(i, int) for i in ids):
-            return sub
-    return None
+    """The module that holds the aux ids vLLM asked for (taps.aux_ids: its own classes' or its
+    transformers backend's), or None."""
+    from vllm_hotfix.verify.taps import aux_ids
+
+    return next((sub for sub in model.modules() if aux_ids(sub)), None)
 
 
 class _Step:
@@ -171,6 +171,8 @@ class _Step:
     def __init__(self, runner: Any, cls: type, module: types.ModuleType) -> None:
         from vllm.distributed.parallel_state import get_tp_group
 
+        from vllm_hotfix.verify import taps as taps_mod
+
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         self.holder = _aux_holder(model)
         config = runner.model_config
@@ -178,7 +180,7 @@ class _Step:
         self.group = get_tp_group()
         self.hidden_size = int(config.get_hidden_size())
         layers = getattr(getattr(config, "hf_text_config", None), "num_hidden_layers", None)
-        ids = list(self.holder.aux_hidden_state_layers) if self.holder is not None else []
+        ids = (taps_mod.aux_ids(self.holder) or []) if self.holder is not None else []
         self.ids = ids
         self.final_index = ids.index(layers) if layers in ids else None
         self.final_norm = None
@@ -189,8 +191,6 @@ class _Step:
         else:
             self.final_norm, final_note = _final_norm_note(self.holder)
         import vllm
-
-        from vllm_hotfix.verify import taps as taps_mod
 
         self.taps = taps_mod.of(self.holder) if self.holder is not None else None
         self.final_id = int(layers) if isinstance(layers, int) else None

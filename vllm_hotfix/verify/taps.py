@@ -46,6 +46,7 @@ import ast
 import functools
 import inspect
 import logging
+import operator
 import textwrap
 import weakref
 from collections.abc import Sequence
@@ -105,6 +106,8 @@ def _tap(
     if hidden is None:  # OTHER: only the form is noted
         meta[site, 1].fill_(0)
         return
+    hidden = hidden.flatten(0, -2)  # a Hugging Face layer's [1, tokens, hidden] (the transformers backend)
+    residual = None if residual is None else residual.flatten(0, -2)
     rows = min(int(hidden.shape[0]), int(fp_hidden.shape[1]))
     from vllm_hotfix.verify.reference import project
 
@@ -213,9 +216,13 @@ class Taps:
         return sorted({why for row in range(len(self.rows)) if (why := self._layer_form(row)) is not None})
 
     def _tensor(self, value: Any) -> bool:
+        """A stream: [tokens, hidden], or a Hugging Face layer's [1, tokens, hidden] (vLLM's
+        transformers backend adds that batch dimension; the op flattens it)."""
         import torch
 
-        return isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[-1] == self.hidden_size
+        if not isinstance(value, torch.Tensor) or value.shape[-1] != self.hidden_size:
+            return False
+        return value.dim() == 2 or (value.dim() == 3 and value.shape[0] == 1)
 
     def entry_hook(self, layer: Any, row: int) -> Any:
         names = list(inspect.signature(layer.forward).parameters)
@@ -280,23 +287,55 @@ class Taps:
         return self.projection, self.fp_hidden, self.fp_residual, self.meta, row
 
 
+# vLLM's transformers backend (models/transformers/base.py) keeps no `aux_hidden_state_layers`: its
+# setter turns id k into this flag plus k for transformers' output recorder, which records what the
+# Hugging Face decoder layer k-1 returns, and the layers are the Hugging Face model's (`_layer_names`,
+# paths under its `model`, e.g. "layers.3")
+BACKEND_FLAGS, BACKEND_FLAG = "_output_aux_hidden_states_kwargs", "output_aux_hidden_state_"
+
+
+def aux_ids(module: Any) -> list[int] | None:
+    """The aux ids `module` holds, in the order of the states it returns; None if it holds none."""
+    ids = getattr(module, "aux_hidden_state_layers", None)
+    if isinstance(ids, (list, tuple)) and all(isinstance(i, int) for i in ids):
+        return list(ids) or None
+    flags = getattr(module, BACKEND_FLAGS, None)
+    if isinstance(flags, dict):
+        keys = [k.removeprefix(BACKEND_FLAG) for k in flags if k.startswith(BACKEND_FLAG)]
+        return [int(k) for k in keys if k.isdigit()] or None
+    return None
+
+
+def _layer_list(module: Any) -> tuple[Any, int] | None:
+    """(the decoder layers `module` holds the aux ids of, the first of this rank's), or None."""
+    import torch
+
+    if hasattr(module, "aux_hidden_state_layers"):
+        layers = getattr(module, "layers", None)
+        start = int(getattr(module, "start_layer", 0) or 0)
+    elif isinstance(getattr(module, BACKEND_FLAGS, None), dict) and getattr(module, "_layer_names", None):
+        path = module._layer_names[min(module._layer_names)].rpartition(".")[0]
+        try:
+            layers = operator.attrgetter(path)(module.model)
+        except AttributeError:
+            return None
+        # the backend puts a PPMissingLayer where another pipeline rank has the layer
+        local = [i for i, layer in enumerate(layers) if type(layer).__name__ != "PPMissingLayer"]
+        start = local[0] if local else 0
+    else:
+        return None
+    return (layers, start) if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
+
+
 def decoder_layers(model: Any) -> tuple[Any, Any, int] | None:
     """(the module that holds the decoder layers and the aux ids, its layers, its first layer id);
     a holder whose aux ids are set first (a multimodal model's language model, not its tower)."""
-    import torch
-
-    found = [
-        module
-        for module in model.modules()
-        if isinstance(getattr(module, "layers", None), torch.nn.ModuleList)
-        and len(module.layers)
-        and hasattr(module, "aux_hidden_state_layers")
-    ]
-    found.sort(key=lambda module: not module.aux_hidden_state_layers)
+    found = [(module, found) for module in model.modules() if (found := _layer_list(module))]
+    found.sort(key=lambda entry: not aux_ids(entry[0]))
     if not found:
         return None
-    holder = found[0]
-    return holder, holder.layers, int(getattr(holder, "start_layer", 0) or 0)
+    holder, (layers, start) = found[0]
+    return holder, layers, start
 
 
 def attach(
@@ -317,6 +356,8 @@ def attach(
     if holder in _registry:
         return _registry[holder]
     end = min(int(getattr(holder, "end_layer", len(layers)) or len(layers)), len(layers))
+    while end > start and type(layers[end - 1]).__name__ == "PPMissingLayer":  # the transformers backend
+        end -= 1
     local = list(range(start, end))
     if not local:
         return None
@@ -362,7 +403,7 @@ def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
             continue  # the reader is on another pipeline rank
         if _discards(reader) is not False:
             continue
-        name = _class_reader_norm(type(owner))
+        name = _from_source(type(owner), reader_norm)
         norm = getattr(owner, name, None) if name else None
         if not isinstance(norm, torch.nn.Module):
             continue
@@ -392,9 +433,11 @@ def reader_norm(forward_source: str) -> str | None:
 
 
 @functools.cache
-def _class_reader_norm(cls: type) -> str | None:
+def _from_source(cls: type, reader: Any, *args: Any) -> Any:
+    """`reader(source of cls.forward, *args)`, once per class: None when the source cannot be read
+    or parsed (compiled bytecode only): what it would say is then unknown, never guessed."""
     try:
-        return reader_norm(inspect.getsource(cls.forward))
+        return reader(inspect.getsource(cls.forward), *args)
     except Exception:
         return None
 
@@ -459,15 +502,7 @@ def discards_residual(forward_source: str) -> bool:
 def _discards(layer: Any) -> bool | None:
     """`discards_residual` of the layer's class; None when its source cannot be read or parsed:
     a `(hidden_states, residual)` pair is then of unknown meaning, never guessed."""
-    return _class_discards(type(layer))
-
-
-@functools.cache
-def _class_discards(cls: type) -> bool | None:  # once per class, not once per id
-    try:
-        return discards_residual(inspect.getsource(cls.forward))
-    except Exception:
-        return None
+    return _from_source(type(layer), discards_residual)
 
 
 def _unread_reason(layer: Any) -> str:
@@ -480,10 +515,8 @@ def _unread_reason(layer: Any) -> str:
 
 
 def _bypassed(holder: Any) -> str | None:
-    try:
-        return split_layer_reason(inspect.getsource(type(holder).forward), type(holder).__name__)
-    except Exception:  # no source to read (or not parsable): the hooks are the only evidence
-        return None
+    # no source to read (or not parsable): the hooks are the only evidence
+    return _from_source(type(holder), split_layer_reason, type(holder).__name__)
 
 
 def of(holder: Any) -> Taps | None:
