@@ -33,6 +33,7 @@ BENCHMARKS = (
     "v32_tp_cost",
     "verify_cost",
     "verify_after_window",
+    "verify_startup",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests,
@@ -64,6 +65,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/seam.py",
         "vllm_hotfix/verify/taps.py",
         "benchmarks/verify_after_window.py",
+    ),
+    "verify_startup": (
+        "vllm_hotfix/verify/seam.py",
+        "vllm_hotfix/verify/taps.py",
+        "benchmarks/verify_startup.py",
     ),
 }
 
