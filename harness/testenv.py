@@ -42,7 +42,8 @@ def remove_stale_cpu_shm(directory: Path = SHM, now: float | None = None) -> lis
     O_EXCL (csrc/cpu/shm.cpp), unlinking them only in a destructor that a killed worker never runs:
     every engine whose workers are killed (vLLM's own shutdown, strict mode's stop, this harness's
     `killpg`) leaves its pair behind, and a later TP > 1 engine whose init port is the same fails to
-    start ("create shm in SHMManager failed. errno: 17"; CI's run of 2026-12-03 lost a test to it).
+    start ("create shm in SHMManager failed. errno: 17"; most likely what failed a TP=2 test in CI's
+    run of 2026-12-03, docs/development.md).
     A segment younger than STALE_AFTER_S or mapped by any process is left alone (an engine starting
     beside this one). Returns the names removed."""
     import time
