@@ -197,15 +197,23 @@ def test_an_id_compared_on_one_step_is_covered() -> None:
 
 def test_after_the_window_the_taps_stop() -> None:
     """A compiled engine's taps: the hooks stay (a guarded compile would recompile without them),
-    the op returns at once."""
+    the op returns at once, and the name inductor's code calls it by no longer reaches the
+    dispatcher unless the flag is turned back on (then the op taps again)."""
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
-    _check(model, taps)
+    compiled = torch.compile(model.forward, fullgraph=True)
+    statuses, _ = _check(model, taps, forward=compiled)
+    assert set(statuses.values()) == {"ok"}
     assert taps_mod.deactivate() == taps_mod.RETURNING
-    calls = taps.meta[:, 0].clone()
-    with torch.no_grad():
-        model(torch.randn(TOKENS, HIDDEN))
-    assert torch.equal(taps.meta[:, 0], calls) and taps.handles
+    assert torch.ops.vllm_hotfix_verify.tap.default is not taps.op == taps_mod.tap_op()
+    for forward in (model, compiled):
+        calls = taps.meta[:, 0].clone()
+        with torch.no_grad():
+            forward(torch.randn(TOKENS, HIDDEN))
+        assert torch.equal(taps.meta[:, 0], calls) and taps.handles
+    taps_mod._state["active"] = True
+    statuses, _ = _check(model, taps, forward=compiled)
+    assert set(statuses.values()) == {"ok"}
 
 
 def test_after_the_window_an_eager_engines_hooks_are_removed() -> None:

