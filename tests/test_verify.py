@@ -76,8 +76,13 @@ def _describe(run: dict[str, Any]) -> str:
     return f"exit {run['code']}\n{run['stdout'][-3000:]}\n{log[-4000:]}{cause}"
 
 
+# The TP=2 PASS and fault runs compare each step's first CUT tokens only (VLLM_HOTFIX_VERIFY_TOKENS):
+# the prefills (16 tokens and more) are cut, the decodes are not, and the report says which.
+CUT = 12
+
+
 def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
-    run = verify(2)
+    run = verify(2, VLLM_HOTFIX_VERIFY_TOKENS=str(CUT))
     assert run["code"] == 0, _describe(run)
     assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
     for report in run["reports"]:
@@ -90,6 +95,9 @@ def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
         assert report["per_id"][-1]["reference"].startswith("the final norm's input")
         assert report["removed_after_window"] is True  # vLLM's own execute_model is back
         assert report["seam"] == "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
+        assert max(report["tokens"]) > CUT and min(report["tokens"]) < CUT, report["tokens"]
+        assert report["checked_tokens"] == [min(t, CUT) for t in report["tokens"]]
+    assert f"compared on their first tokens: {run['reports'][0]['checked_tokens']}" in run["stdout"]
     pids = {r["pid"] for r in run["reports"]}
     lines = [line for line in run["lines"] if line["pid"] in pids]
     assert sorted((line["rank"], line["world"], line["verdict"]) for line in lines) == [
@@ -101,13 +109,14 @@ def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
 
 
 def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_TEST_FAULT="1")
+    run = verify(2, VLLM_HOTFIX_TEST_FAULT="1", VLLM_HOTFIX_VERIFY_TOKENS=str(CUT))
     assert run["code"] == 1, _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["FAIL", "FAIL"], _describe(run)
     for report in run["reports"]:
         agree = report["ranks_agree"]
         assert not agree["ok"] and agree["max_rel_diff"] > 0.1 and agree["worst_id"] == 1, agree
         assert report["steps"] == 1  # the window ends at the first failure, on both ranks
+        assert report["tokens"][0] > CUT and report["checked_tokens"] == [CUT]  # a cut prefill still FAILs
         assert report["count"]["ok"] and report["finite"]["ok"] and report["final"]["ok"]
         assert [e["status"] for e in report["per_id"]] == ["FAIL", "ok", "ok"], report["per_id"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")

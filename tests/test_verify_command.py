@@ -212,9 +212,11 @@ def test_status_shows_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
         "steps": 12,
         "report_dir": None,
         "run_id": None,
+        "tokens": 4096,
         "problem": None,
     }
-    assert "verify: on, the first 12 steps that carry aux states; reports: none" in report.format_text(status)
+    text = report.format_text(status)
+    assert "verify: on, the first 12 steps that carry aux states (each on its first 4096 tokens" in text
     monkeypatch.setenv("VLLM_HOTFIX_VERIFY", "sometimes")
     status = vllm_hotfix.status()
     assert status["verify"]["on"] is False and "'sometimes' is not valid" in status["verify"]["problem"]

@@ -146,6 +146,7 @@ def test_the_key_changes_with_the_checks_code(monkeypatch, tmp_path) -> None:
 
 def test_switches() -> None:
     read = verify_settings.read
+    TIMEOUT, TOKENS = verify_settings.TIMEOUT_VAR, verify_settings.TOKENS_VAR
     assert read({}).steps == 0 and read({"VLLM_HOTFIX_VERIFY": "off"}).steps == 0
     assert read({"VLLM_HOTFIX_VERIFY": "1"}).steps == 8 and read({"VLLM_HOTFIX_VERIFY": "yes"}).steps == 8
     assert read({"VLLM_HOTFIX_VERIFY": "20"}).steps == 20
@@ -158,6 +159,15 @@ def test_switches() -> None:
         slow = read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TIMEOUT": wrong})
         assert slow.steps == 8 and slow.timeout_s == 60.0, wrong
         assert f"VLLM_HOTFIX_VERIFY_TIMEOUT={wrong!r} is not valid" in (slow.problem or ""), wrong
+    assert read({"VLLM_HOTFIX_VERIFY": "1"}).tokens == 4096
+    assert read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TOKENS": "64"}).tokens == 64
+    for wrong in ("0", "-1", "2.5", "all", "inf"):
+        cut = read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TOKENS": wrong})
+        assert cut.steps == 8 and cut.tokens == 4096, wrong
+        assert f"VLLM_HOTFIX_VERIFY_TOKENS={wrong!r} is not valid" in (cut.problem or ""), wrong
+    both = read({"VLLM_HOTFIX_VERIFY": "1", TIMEOUT: "x", TOKENS: "y"})
+    problem = both.problem or ""
+    assert "VLLM_HOTFIX_VERIFY_TIMEOUT='x'" in problem and "VLLM_HOTFIX_VERIFY_TOKENS='y'" in problem
 
 
 def test_default_ids_are_the_eagle3_convention_plus_the_final_layer() -> None:

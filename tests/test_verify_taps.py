@@ -151,6 +151,28 @@ def test_a_planted_fault_fails_its_ids(fault: str, form: str) -> None:
     assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
 
 
+def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
+    """VLLM_HOTFIX_VERIFY_TOKENS caps what a step holds and sends (the taps keep `max_tokens` rows,
+    the step compares its first `max_tokens` tokens): a planted fault there still FAILs its ids, a
+    correct step is ok, and the report and line say how many of the step's tokens were compared."""
+    model = Backbone()
+    taps = taps_mod.attach(model, HIDDEN, 4)
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    good = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
+    assert good.ok and good.checked == 4 and {e["status"] for e in good.per_id} == {"ok"}, good.per_id
+    window = _window(good)
+    assert window.summary()["tokens"] == [TOKENS] and window.summary()["checked_tokens"] == [4]
+    assert f"compared-first-tokens=4/{TOKENS} in 1 long step(s) (VLLM_HOTFIX_VERIFY_TOKENS)" in window.line()
+    plant, expected = PLANTED["off-by-one"]
+    with torch.no_grad():
+        out, aux = model(torch.randn(TOKENS, HIDDEN))
+    bad = check_step(plant(aux), out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
+    assert {e["id"] for e in bad.per_id if e["status"] == "FAIL"} == expected and not bad.ok, bad.per_id
+    whole = check_step(aux, out, IDS, 3, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
+    assert whole.checked == 3 and "compared-first-tokens" not in _window(whole).line()
+
+
 def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:
     """The planted case of issue 34: states of the right count, shape and values, but no tap ran
     (a compiled graph made without the taps): the step fails nothing, yet the window is UNKNOWN,

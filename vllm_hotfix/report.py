@@ -72,6 +72,7 @@ def verify_status() -> dict[str, Any]:
         "steps": found.steps,
         "report_dir": found.report_dir,
         "run_id": found.run_id,
+        "tokens": found.tokens,
         "problem": found.problem,
     }
 
@@ -115,7 +116,10 @@ def format_text(status: dict[str, Any]) -> str:
     verify = status["verify"]
     if verify["on"]:
         where = verify["report_dir"] or "none (VLLM_HOTFIX_VERIFY_REPORT unset: log lines only)"
-        lines.append(f"verify: on, the first {verify['steps']} steps that carry aux states; reports: {where}")
+        lines.append(
+            f"verify: on, the first {verify['steps']} steps that carry aux states (each on its first"
+            f" {verify['tokens']} tokens at most); reports: {where}"
+        )
     else:
         lines.append("verify: off (VLLM_HOTFIX_VERIFY=1 checks the aux states in every vLLM worker)")
     if verify["problem"]:

@@ -59,6 +59,7 @@ class StepCheck:
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
     exchange_note: str | None = None  # why the exchange gave nothing usable (deadline, mismatch)
     per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
+    checked: int | None = None  # the tokens compared, the step's first ones (None: all `tokens`)
 
     @property
     def ids_ok(self) -> bool:
@@ -205,8 +206,9 @@ def check_step(
     `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
     None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
     to observe it (the model's output must equal the final norm of that state). `max_tokens`: the
-    most tokens a step of this window checks (default `tokens`; the exchange carries the step's
-    checked tokens only, so a decode step sends a few floats per id, not the window's capacity);
+    most tokens a step of this window compares (default `tokens`; a longer step is compared on its
+    first `max_tokens`, and the exchange carries the compared tokens only, so a decode step sends a
+    few floats per id, not the window's capacity);
     `window`: its length, checked in the handshake; `error`: what already failed before this call
     (`error_text`), so this rank only joins the exchange.
 
@@ -259,6 +261,7 @@ def check_step(
     got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
     try:  # the same data on every rank: a judge that raises raises on all of them alike
         found = judge(got, ids, tokens, checked, sent, group, dtype, count_ok, detail, final_error)
+        found.checked = checked
         if got.problem is None:
             main = body_size(ids, sent)
             _, prints, scales = unpack(got.bodies[:, :main], len(ids), sent, checked)
@@ -283,6 +286,7 @@ def check_step(
             tolerance(dtype),
             errors=[parse_error(own, text)],
             final_error=final_error,
+            checked=checked,
         )
 
 

@@ -172,6 +172,9 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             lines.append(
                 f"  steps checked: {r.get('steps')} of {r.get('steps_wanted')} (tokens {r.get('tokens')})"
             )
+            checked = r.get("checked_tokens")
+            if checked is not None and checked != r.get("tokens"):
+                lines[-1] += f", compared on their first tokens: {checked} ({verify_settings.TOKENS_VAR})"
         if r.get("steps"):
             count = r.get("count") or {}
             lines.append(

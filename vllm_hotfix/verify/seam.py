@@ -213,11 +213,13 @@ class _Step:
             vllm_version=getattr(vllm, "__version__", None),
         )
 
-        # the most tokens the scheduler puts in one step: what a step's check can hold (each step's
-        # exchange is sized by that step's tokens, checks.check_step)
+        # the most tokens of a step the check compares: the scheduler's most tokens per step, at most
+        # VLLM_HOTFIX_VERIFY_TOKENS (a longer step is compared on its first ones; each step's exchange
+        # is sized by the tokens it compares, checks.check_step)
         scheduler = getattr(getattr(runner, "vllm_config", None), "scheduler_config", None)
         most = getattr(runner, "max_num_tokens", None) or getattr(scheduler, "max_num_batched_tokens", None)
-        self.max_tokens = int(most) if most else None
+        cap = verify_settings.read().tokens
+        self.max_tokens = min(int(most), cap) if most else cap
 
     def check(self, state: Any, window: int, deadline_s: float) -> Any:
         from vllm_hotfix.verify.checks import check_step, error_text
@@ -238,7 +240,7 @@ class _Step:
             self.final_norm,
             taps=self.taps,
             final_id=self.final_id,
-            max_tokens=self.max_tokens or tokens,
+            max_tokens=self.max_tokens,
             window=window,
             deadline_s=deadline_s,
             error=error,

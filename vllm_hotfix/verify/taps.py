@@ -57,7 +57,6 @@ from typing import Any
 logger = logging.getLogger("vllm.hotfix")
 
 OP = "vllm_hotfix_verify::tap"
-DEFAULT_MAX_TOKENS = 8192  # when vLLM's max_num_batched_tokens is not readable at load
 SCHEMA = (
     "(Tensor? hidden, Tensor? residual, Tensor projection, Tensor(a!) fp_hidden, Tensor(b!) fp_residual,"
     " Tensor(c!) meta, int site, int form) -> ()"
@@ -378,7 +377,8 @@ def attach(
     """Register the taps on `model` (before compilation) for `ids` (None: every boundary of its
     layers); None when it has no decoder layers to tap. Only this rank's layers (start_layer ..
     end_layer under pipeline parallelism) are tapped, and only where a requested id needs it.
-    `eager`: the engine never compiles the model, so the hooks are removed after the window."""
+    `eager`: the engine never compiles the model, so the hooks are removed after the window;
+    `max_tokens`: the rows a tap keeps (default: VLLM_HOTFIX_VERIFY_TOKENS)."""
     found = decoder_layers(model)
     if found is None:
         return None
@@ -392,7 +392,7 @@ def attach(
     if not local:
         return None
     wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
-    taps = Taps(holder, start, len(local), list(wanted), max_tokens or DEFAULT_MAX_TOKENS, hidden_size, eager)
+    taps = Taps(holder, start, len(local), list(wanted), max_tokens or _most_checked(), hidden_size, eager)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
             layer = layers[start]
@@ -599,16 +599,24 @@ def _eager_engine() -> bool:
         return False
 
 
+def _most_checked() -> int:
+    from vllm_hotfix.verify import settings as verify_settings
+
+    return verify_settings.read().tokens
+
+
 def _sizes(model: Any) -> tuple[int, int] | None:
-    """(hidden size, most tokens per step) from vLLM's current config, else the model's config."""
+    """(hidden size, most tokens a step's check compares: the scheduler's most tokens per step, at
+    most VLLM_HOTFIX_VERIFY_TOKENS) from vLLM's current config, else the model's config."""
+    max_tokens = _most_checked()
     try:
         from vllm.config import get_current_vllm_config
 
         config = get_current_vllm_config()
-        max_tokens = int(config.scheduler_config.max_num_batched_tokens)
+        max_tokens = min(int(config.scheduler_config.max_num_batched_tokens), max_tokens)
         hidden = int(config.model_config.get_hidden_size())
     except Exception:
-        max_tokens, hidden = DEFAULT_MAX_TOKENS, None
+        hidden = None
     if hidden is None:
         config = getattr(model, "config", None)
         hidden = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_size", None)

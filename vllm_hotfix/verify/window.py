@@ -125,6 +125,8 @@ class Window:
             "steps": len(checks),
             "steps_wanted": self.wanted,
             "tokens": [c.tokens for c in checks],
+            # the tokens compared per step: its first ones, at most VLLM_HOTFIX_VERIFY_TOKENS
+            "checked_tokens": [c.tokens if c.checked is None else c.checked for c in checks],
             "count": {"ok": count_bad is None, "detail": count_bad.count_detail if count_bad else "ok"},
             "ranks_agree": {
                 "ok": all(c.ranks_agree for c in checks),
@@ -175,8 +177,14 @@ class Window:
             final_text = f"n/a ({errors[0] if errors else ctx.final_note})"
         else:
             final_text = f"{'ok' if final['ok'] else 'FAIL'} (max rel diff {final['max_rel_diff']:.3g})"
+        cut = [(c.checked, c.tokens) for c in self.checks if c.checked is not None and c.checked < c.tokens]
+        parts.append(f"steps={s['steps']}")
+        if cut:  # never a PASS that reads as if every token had been compared
+            parts.append(
+                f"compared-first-tokens={sum(c for c, _ in cut)}/{sum(t for _, t in cut)}"
+                f" in {len(cut)} long step(s) ({verify_settings.TOKENS_VAR})"
+            )
         parts += [
-            f"steps={s['steps']}",
             f"count={'ok' if s['count']['ok'] else 'FAIL (' + s['count']['detail'] + ')'}",
             f"ranks-agree={'ok' if agree['ok'] else 'no'} (max rel diff {agree['max_rel_diff']:.3g}{where};"
             f" tolerance {agree['tolerance']:.0e})",
