@@ -335,36 +335,43 @@ def aux_ids(module: Any) -> list[int] | None:
     return None
 
 
-def _layer_list(module: Any) -> tuple[Any, int] | None:
-    """(the decoder layers `module` holds the aux ids of, the first of this rank's), or None."""
+def _layer_list(module: Any) -> tuple[Any, int, int] | None:
+    """(the decoder layers `module` holds the aux ids of, this rank's first layer id and its end),
+    or None."""
     import torch
 
     if hasattr(module, "aux_hidden_state_layers"):
         layers = getattr(module, "layers", None)
+        if not isinstance(layers, torch.nn.ModuleList):
+            return None
         start = int(getattr(module, "start_layer", 0) or 0)
+        end = min(int(getattr(module, "end_layer", len(layers)) or len(layers)), len(layers))
     elif isinstance(getattr(module, BACKEND_FLAGS, None), dict) and getattr(module, "_layer_names", None):
         path = module._layer_names[min(module._layer_names)].rpartition(".")[0]
         try:
             layers = operator.attrgetter(path)(module.model)
         except AttributeError:
             return None
+        if not isinstance(layers, torch.nn.ModuleList):
+            return None
         # the backend puts a PPMissingLayer where another pipeline rank has the layer
         local = [i for i, layer in enumerate(layers) if type(layer).__name__ != "PPMissingLayer"]
-        start = local[0] if local else 0
+        start, end = (local[0], local[-1] + 1) if local else (0, 0)
     else:
         return None
-    return (layers, start) if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
+    return (layers, start, end) if len(layers) else None
 
 
-def decoder_layers(model: Any) -> tuple[Any, Any, int] | None:
-    """(the module that holds the decoder layers and the aux ids, its layers, its first layer id);
-    a holder whose aux ids are set first (a multimodal model's language model, not its tower)."""
+def decoder_layers(model: Any) -> tuple[Any, Any, int, int] | None:
+    """(the module that holds the decoder layers and the aux ids, its layers, this rank's first
+    layer id and its end); a holder whose aux ids are set first (a multimodal model's language
+    model, not its tower)."""
     found = [(module, found) for module in model.modules() if (found := _layer_list(module))]
     found.sort(key=lambda entry: not aux_ids(entry[0]))
     if not found:
         return None
-    holder, (layers, start) = found[0]
-    return holder, layers, start
+    holder, (layers, start, end) = found[0]
+    return holder, layers, start, end
 
 
 def attach(
@@ -382,12 +389,9 @@ def attach(
     found = decoder_layers(model)
     if found is None:
         return None
-    holder, layers, start = found
+    holder, layers, start, end = found
     if holder in _registry:
         return _registry[holder]
-    end = min(int(getattr(holder, "end_layer", len(layers)) or len(layers)), len(layers))
-    while end > start and type(layers[end - 1]).__name__ == "PPMissingLayer":  # the transformers backend
-        end -= 1
     local = list(range(start, end))
     if not local:
         return None
