@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.bench_results import Recorder, Row, ratio_text, summary
 
-IDS = [1, 2, 4]
 # The compile wrapper's state that decides which code a forward runs (vLLM 0.24.0's
 # TorchCompileWithNoGuardsWrapper and support_torch_compile): kept per side, switched per call.
 COMPILED_STATE = ("aot_compiled_fn", "_compiled_bytecode", "_compiled_callable", "compiled", "first_compile")
@@ -148,40 +147,28 @@ def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
     if tp > 1:  # one core per worker (vLLM's CPU backend binds by NUMA node otherwise: one here)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(n % (os.cpu_count() or 1)) for n in range(tp))
     import vllm_hotfix  # noqa: F401  (armed before vLLM)
+    from harness.checked_llm import PROMPT, checked_llm
     from harness.child.tiny_checkpoint import build
 
     checkpoint = build(tempfile.mkdtemp(prefix="verify-after-"))
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
-        model=checkpoint,
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        tensor_parallel_size=tp,
-        seed=0,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": IDS}},
-        },
-    )
+    llm = checked_llm(checkpoint, tp)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    prompt = [{"prompt_token_ids": [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]}]
-    llm.generate(prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    llm.generate(PROMPT, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
     windows = llm.collective_rpc(_window_state)
     assert all(w["finished"] and w["verdict"] == "PASS" for w in windows), windows
 
     llm.collective_rpc(_keep, args=("after",))
     llm.collective_rpc(_recompile_without_taps)
-    llm.generate(prompt, params, use_tqdm=False)  # compiles the model without the taps
+    llm.generate(PROMPT, params, use_tqdm=False)  # compiles the model without the taps
     llm.collective_rpc(_keep, args=("never",))
     llm.collective_rpc(_hooks, args=(True,))
 
     def run(side: str) -> float:
         llm.collective_rpc(_use, args=(side,))
         start = time.perf_counter()
-        llm.generate(prompt, params, use_tqdm=False)
+        llm.generate(PROMPT, params, use_tqdm=False)
         return time.perf_counter() - start
 
     moved = {}

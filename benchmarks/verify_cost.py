@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[key] = value
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM)
+    from harness.checked_llm import PROMPT, checked_llm
     from harness.child.tiny_checkpoint import build
 
     checkpoint = build(tempfile.mkdtemp(prefix="verify-cost-"))
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_hotfix.verify import seam, taps
@@ -57,26 +58,14 @@ def main(argv: list[str] | None = None) -> int:
 
     original, ours = seam._installed[GPUModelRunner]
     seam._window = Window(10**9)  # a window that never ends while the checked rounds run
-    llm = LLM(
-        model=checkpoint,
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        seed=0,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}},
-        },
-    )
+    llm = checked_llm(checkpoint)
     params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-    prompt = [{"prompt_token_ids": [5, 17, 42, 99, 123, 7, 300, 512, 64, 800, 11, 256]}]
 
     def timed(function: object) -> float:
         GPUModelRunner.execute_model = function
         taps._state["active"] = function is ours  # the baseline: the engine as the window leaves it
         start = time.perf_counter()
-        llm.generate(prompt, params, use_tqdm=False)
+        llm.generate(PROMPT, params, use_tqdm=False)
         return time.perf_counter() - start
 
     for function in (original, ours):  # warm-up
@@ -94,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     # The window as users get it: 8 steps, then vLLM's own method is back (the same object).
     seam._window, seam._finished = Window(8), False
     GPUModelRunner.execute_model, taps._state["active"] = ours, True
-    llm.generate(prompt, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
     restored = vars(GPUModelRunner)["execute_model"] is original and not taps._state["active"]
     print(
         f"checked steps: {steps}; a generate call of {args.tokens} tokens, checked / vLLM's own:"

@@ -25,28 +25,18 @@ import time
 from pathlib import Path
 
 STARTED = time.perf_counter()
-IDS = [1, 2, 4]
 
 
 def one_start(checkpoint: str, reports: str) -> dict[str, object]:
     """The child: start vLLM, time it, run one checked generate call, say what the check reported."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
-        model=checkpoint,
-        dtype="float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        seed=0,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": IDS}},
-        },
-    )
+    from harness.checked_llm import PROMPT, checked_llm
+
+    llm = checked_llm(checkpoint)
     seconds = time.perf_counter() - STARTED
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": [5, 17, 42, 99, 123, 7, 300, 512]}], params, use_tqdm=False)
+    llm.generate(PROMPT, params, use_tqdm=False)
     found = [json.loads(p.read_text()) for p in Path(reports).glob("verify-*.json")]
     return {"seconds": seconds, "verdicts": [r["verdict"] for r in found]}
 
@@ -58,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating pairs of warm starts (default 3)")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # the child: CHECKPOINT REPORTS OUT
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     if args.one:
         checkpoint, reports, out = args.one
         Path(out).write_text(json.dumps(one_start(checkpoint, reports)))
         return 0
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from harness.bench_results import Recorder, Row, ratio_text, summary
     from harness.child.tiny_checkpoint import build
     from harness.testenv import NEWEST, TestEnv, error_lines

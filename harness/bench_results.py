@@ -59,16 +59,20 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/seam.py",
         "vllm_hotfix/verify/taps.py",
         "vllm_hotfix/verify/window.py",
+        "harness/checked_llm.py",
         "benchmarks/verify_cost.py",
     ),
     "verify_after_window": (
         "vllm_hotfix/verify/seam.py",
+        "vllm_hotfix/verify/settings.py",
         "vllm_hotfix/verify/taps.py",
+        "harness/checked_llm.py",
         "benchmarks/verify_after_window.py",
     ),
     "verify_startup": (
         "vllm_hotfix/verify/seam.py",
         "vllm_hotfix/verify/taps.py",
+        "harness/checked_llm.py",
         "benchmarks/verify_startup.py",
     ),
 }
