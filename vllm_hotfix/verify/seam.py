@@ -9,7 +9,9 @@ function put in place of `execute_model` reads the states right after it returns
 compiled graph or CUDA graph, before any consumer (EAGLE3 draft or extract_hidden_states) runs;
 it reads the real token count from the same state (`scheduler_output` in V1, `input_batch` in V2).
 V2 also runs its dummy steps (profiling, warm-up) through `execute_model(dummy_run=True)`: those
-are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method.
+are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method;
+where V1 dispatches each step through a method that takes `force_eager` (DISPATCH), its capture runs
+with the taps paused and the window's steps are dispatched with it (no graph replay: the taps run).
 Whether a loaded runner has that shape is probed from its source when its module is imported;
 anything else is `unknown` and nothing is installed.
 
@@ -53,6 +55,12 @@ RUNNERS = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
 )
 UNPACK = "hidden_states, aux_hidden_states = model_output"
+# V1's runner chooses each step's CUDA-graph mode in this method, which takes `force_eager` (its
+# profile run passes it): a step dispatched so runs the compiled model without replaying a graph.
+# Where a runner has it, the graphs are captured with the taps paused and the window's steps are
+# dispatched with it: the graphs that serve hold nothing of the check, and the checked steps run
+# the taps (docs/design.md). V2's runner (vLLM 0.34.0 on) has no such method: its graphs keep them.
+DISPATCH = "_determine_batch_execution_and_padding"
 LOADER = "vllm.model_executor.model_loader.base_loader"  # BaseModelLoader.load_model: the taps
 TOKEN_SOURCES = (("scheduler_output", "total_num_scheduled_tokens"), ("input_batch", "num_tokens"))
 
@@ -66,6 +74,8 @@ _hooked = False
 _window: Window | None = None
 _finished = False
 _installed: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # class: (original, ours)
+_captures: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # capture_model: (original, ours)
+_dispatch = {"eager": False}  # the step now running was dispatched with force_eager (no graph replay)
 _steps: weakref.WeakKeyDictionary[Any, _Step] = weakref.WeakKeyDictionary()  # per runner, nothing set on it
 probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
 
@@ -283,6 +293,9 @@ def _finish(note: str | None = None) -> None:
         for cls, (original, ours) in list(_installed.items()):
             if vars(cls).get("execute_model") is ours:
                 cls.execute_model = original
+        for cls, (original, ours) in list(_captures.items()):
+            if vars(cls).get("capture_model") is ours:
+                cls.capture_model = original
         window.removed = all(
             vars(cls).get("execute_model") is original for cls, (original, _) in _installed.items()
         )
@@ -348,6 +361,7 @@ def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> No
         if not step.ids:
             _finish("the requested aux layer ids are not readable from the model (unknown)")
             return
+    window.eager_steps += int(_dispatch["eager"])
     if window.add(step.check(state, window.wanted, deadline_s)):
         _finish()
 
@@ -358,13 +372,63 @@ def _dummy_position(original: types.FunctionType) -> int | None:
     return names.index("dummy_run") if "dummy_run" in names else None
 
 
-def _wrap(cls: type, module: types.ModuleType, original: types.FunctionType) -> types.FunctionType:
+def eager_dispatch(cls: type) -> bool:
+    """Whether `cls`'s execute_model dispatches each step through DISPATCH and that method takes
+    `force_eager`, read from the loaded code (unreadable: False, and nothing is forced or paused)."""
+    try:
+        takes = "force_eager" in inspect.signature(getattr(cls, DISPATCH)).parameters
+        source = inspect.getsource(inspect.unwrap(vars(cls)["execute_model"]))
+    except (AttributeError, KeyError, OSError, TypeError, ValueError):
+        return False
+    return takes and f"self.{DISPATCH}(" in source
+
+
+def _force_eager(runner: Any) -> None:
+    """This step only (execute_model removes it): vLLM's own dispatch with force_eager=True."""
+    bound = getattr(type(runner), DISPATCH).__get__(runner)
+
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        kwargs["force_eager"] = True
+        _dispatch["eager"] = True
+        return bound(*args, **kwargs)
+
+    vars(runner)[DISPATCH] = dispatch
+
+
+def _capture_paused(original: types.FunctionType) -> types.FunctionType:
+    """vLLM's CUDA-graph capture with the taps paused: the graphs hold nothing of the check."""
+
+    @functools.wraps(original)
+    def capture_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from vllm_hotfix.verify import taps as taps_mod
+
+        with taps_mod.paused():
+            result = original(self, *args, **kwargs)
+        if _window is not None:
+            _window.capture_paused = True
+        return result
+
+    return capture_model
+
+
+def _wrap(
+    cls: type, module: types.ModuleType, original: types.FunctionType, forced: bool = False
+) -> types.FunctionType:
+    """Our execute_model: vLLM's, then the step's check; `forced`: each step of the window is
+    dispatched with force_eager (eager_dispatch)."""
     dummy_at = _dummy_position(original)
 
     @functools.wraps(original)
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = getattr(self, "execute_model_state", None)
-        output = original(self, *args, **kwargs)
+        _dispatch["eager"] = False
+        if forced:
+            _force_eager(self)
+        try:
+            output = original(self, *args, **kwargs)
+        finally:
+            if forced:
+                vars(self).pop(DISPATCH, None)
         state = getattr(self, "execute_model_state", None)
         # V2's own warm-up, profile and capture runs go through execute_model(dummy_run=True):
         # not a step of the user's, and every rank makes the same ones, so none is checked.
@@ -408,9 +472,14 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
             if cls in _installed or _finished:
                 return
             original = vars(cls)["execute_model"]
-            ours = _wrap(cls, module, original)
+            forced = eager_dispatch(cls)
+            ours = _wrap(cls, module, original, forced)
             _installed[cls] = (original, ours)
             cls.execute_model = ours
+            capture = vars(cls).get("capture_model")
+            if forced and isinstance(capture, types.FunctionType):
+                _captures[cls] = (capture, _capture_paused(capture))
+                cls.capture_model = _captures[cls][1]
     except Exception as error:
         if containment.strict_requested():
             raise

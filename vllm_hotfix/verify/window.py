@@ -51,6 +51,8 @@ class Window:
     removed: bool = False  # the wrapper was taken out of the runner after the window
     taps_after_window: str | None = None  # taps.REMOVED, RETURNING or NO_TAPS, once the window ends
     stops_run: bool = False  # strict mode raises VerifyError into vLLM after this report
+    capture_paused: bool = False  # vLLM captured CUDA graphs here with the taps paused (seam.py)
+    eager_steps: int = 0  # checked steps vLLM dispatched with force_eager: no CUDA-graph replay
 
     def add(self, check: StepCheck) -> bool:
         """Record a step; True when the window is over (enough steps, a failure, or a step that
@@ -152,6 +154,7 @@ class Window:
             "removed_after_window": self.removed,
             "taps_after_window": self.taps_after_window,
             "stops_run": self.stops_run,
+            "cuda_graphs": {"capture_paused": self.capture_paused, "eager_steps": self.eager_steps},
         }
 
     def line(self) -> str:
