@@ -16,11 +16,13 @@ Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +198,25 @@ def check_verify(report: Report, runs: dict[str, dict], expected: dict[str, str]
         )
 
 
+def check_graphs(report: Report, reports: dict[str, list[dict]], labels: Sequence[str]) -> None:
+    """Under CUDA graphs, per run in `labels` (its workers' JSON reports): vLLM captured its graphs
+    with the check's taps paused, and dispatched every checked step with force_eager, so the window
+    replayed no graph and the graphs that serve after it hold nothing of the check (seam.py)."""
+    for label in labels:
+        found = [(r, r.get("cuda_graphs") or {}) for r in reports.get(label) or []]
+        ok = all(g.get("capture_paused") is True and g.get("eager_steps") == r.get("steps") for r, g in found)
+        report.check(
+            bool(found) and ok,
+            f"{label}: CUDA graphs captured with the taps paused, every checked step run without replay",
+            "; ".join(f"rank {r.get('rank')}: {g} of {r.get('steps')} steps" for r, g in found)
+            or "no report",
+        )
+
+
+def _reports(directory: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("verify-*.json"))]
+
+
 def _compile_lines(log: str) -> str:
     """What vLLM said about its compile caches and CUDA graphs (to read, not a check)."""
     keys = (
@@ -242,7 +263,7 @@ def main() -> int:
         "default compilation + CUDA graphs"
     )
     ways = Ways(testenv, work / "tiny", work)
-    runs = {}
+    runs, reports = {}, {}
     shared = {"VLLM_CACHE_ROOT": str(work / "shared-vllm-cache")}
     for label, way, version, env in (
         (BUG_LABEL, "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}),
@@ -251,9 +272,14 @@ def main() -> int:
         (UPSTREAM, "stock", FIXED, {}),
     ):
         start = time.monotonic()
+        where = work / f"reports-{len(runs)}"
+        env = {**env, "VLLM_HOTFIX_VERIFY_REPORT": str(where)}
         run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **GPU, **env)
         keep_run(runs, label, run, logs / f"v2-run{len(runs)}.log", start)
-    return finish(compare(runs), runs, VERIFY_EXPECTED, logs)
+        reports[label] = _reports(where)
+    report = compare(runs)
+    check_graphs(report, reports, [PATCHED, WARM])
+    return finish(report, runs, VERIFY_EXPECTED, logs)
 
 
 if __name__ == "__main__":

