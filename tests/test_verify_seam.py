@@ -396,6 +396,13 @@ class _Unrouted(_Runner):
         return "FULL"
 
 
+class _Overriding(_Runner):
+    """An out-of-tree subclass whose dispatch takes no force_eager: never given it."""
+
+    def _determine_batch_execution_and_padding(self, tokens: int) -> str:  # type: ignore[override]
+        return "OWN"
+
+
 def test_the_windows_steps_replay_no_graph_and_graphs_are_captured_without_the_taps(monkeypatch) -> None:
     """Issue 35 item 1 under CUDA graphs (V1's runner): while the window is open each step is
     dispatched by vLLM's own method with force_eager (no graph replay: the taps run), and vLLM's
@@ -411,6 +418,7 @@ def test_the_windows_steps_replay_no_graph_and_graphs_are_captured_without_the_t
     runner = _Runner()
     assert ours(runner, 3) == "NONE" and seam._dispatch["eager"]
     assert seam.DISPATCH not in vars(runner) and runner.execute_model(3) == "FULL"  # the step only
+    assert ours(_Overriding(), 3) == "OWN" and not seam._dispatch["eager"]  # its own, unforced
     plain = seam._wrap(_Runner, None, _Runner.execute_model, forced=False)
     assert plain(runner, 3) == "FULL" and not seam._dispatch["eager"]
     taps._state["active"] = True

@@ -372,19 +372,29 @@ def _dummy_position(original: types.FunctionType) -> int | None:
     return names.index("dummy_run") if "dummy_run" in names else None
 
 
+@functools.cache
+def _takes_force_eager(cls: type) -> bool:
+    try:
+        return "force_eager" in inspect.signature(getattr(cls, DISPATCH)).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 def eager_dispatch(cls: type) -> bool:
     """Whether `cls`'s execute_model dispatches each step through DISPATCH and that method takes
     `force_eager`, read from the loaded code (unreadable: False, and nothing is forced or paused)."""
     try:
-        takes = "force_eager" in inspect.signature(getattr(cls, DISPATCH)).parameters
         source = inspect.getsource(inspect.unwrap(vars(cls)["execute_model"]))
-    except (AttributeError, KeyError, OSError, TypeError, ValueError):
+    except (KeyError, OSError, TypeError):
         return False
-    return takes and f"self.{DISPATCH}(" in source
+    return _takes_force_eager(cls) and f"self.{DISPATCH}(" in source
 
 
 def _force_eager(runner: Any) -> None:
-    """This step only (execute_model removes it): vLLM's own dispatch with force_eager=True."""
+    """This step only (execute_model removes it): vLLM's own dispatch with force_eager=True; not
+    for a runner whose class overrides it without that parameter (an out-of-tree subclass)."""
+    if not _takes_force_eager(type(runner)):
+        return
     bound = getattr(type(runner), DISPATCH).__get__(runner)
 
     def dispatch(*args: Any, **kwargs: Any) -> Any:
