@@ -261,7 +261,6 @@ def check_step(
     got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
     try:  # the same data on every rank: a judge that raises raises on all of them alike
         found = judge(got, ids, tokens, checked, sent, group, dtype, count_ok, detail, final_error)
-        found.checked = checked
         if got.problem is None:
             main = body_size(ids, sent)
             _, prints, scales = unpack(got.bodies[:, :main], len(ids), sent, checked)
@@ -316,7 +315,20 @@ def judge(
     limit = tolerance(dtype)
     if got.problem is not None:
         return StepCheck(
-            tokens, count_ok, detail, True, None, None, 0.0, None, limit, [], final_error, errors, got.problem
+            tokens,
+            count_ok,
+            detail,
+            True,
+            None,
+            None,
+            0.0,
+            None,
+            limit,
+            [],
+            final_error,
+            errors,
+            got.problem,
+            checked=checked,
         )
     rank_flags, rank_prints, rank_scales = unpack(got.bodies, len(ids), capacity, checked)
     good = [r for r in range(world) if not got.errors[r]]
@@ -350,4 +362,5 @@ def judge(
         failed_ranks=failed,
         final_error=final_error,
         errors=errors,
+        checked=checked,
     )
