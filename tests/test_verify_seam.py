@@ -521,3 +521,16 @@ def test_v2s_window_steps_replay_no_graph_and_its_dummy_runs_are_left_alone(monk
 
     monkeypatch.setitem(globals(), "dispatch_cg_and_sync_dp", unrelated)
     assert ours(runner, 3) == "OTHER" and not seam._dispatch["eager"]
+
+    class Unhashable:  # forcing that raises (here: the signature cache it once had) never reaches vLLM
+        __hash__ = None  # type: ignore[assignment]
+
+        @property
+        def __signature__(self) -> Any:
+            raise RuntimeError("no signature")
+
+        def __call__(self, tokens: int, need_eager: bool = False) -> str:
+            return "THEIRS"
+
+    monkeypatch.setitem(globals(), "dispatch_cg_and_sync_dp", Unhashable())
+    assert ours(runner, 3) == "THEIRS" and not seam._dispatch["eager"]

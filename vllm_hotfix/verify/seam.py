@@ -375,7 +375,6 @@ def _dummy_position(original: types.FunctionType) -> int | None:
     return names.index("dummy_run") if "dummy_run" in names else None
 
 
-@functools.cache
 def _takes(function: Any, parameter: str) -> bool:
     try:
         return parameter in inspect.signature(function).parameters
@@ -420,27 +419,37 @@ def _eager(dispatch: Any, parameter: str) -> Any:
     return forced
 
 
-@contextlib.contextmanager
-def _eager_step(runner: Any, route: str | None, function: types.FunctionType) -> Any:
-    """This step only: vLLM's own dispatch with its eager parameter set (no graph replay). Not for a
-    runner whose class overrides V1's method without it (an out-of-tree subclass), nor where V2's
-    module function was replaced by one without it."""
+def _force(runner: Any, route: str | None, function: types.FunctionType) -> Any:
+    """vLLM's own dispatch with its eager parameter set, for one step; returns what undoes it, or
+    None where nothing was forced: a runner whose class overrides V1's method without the
+    parameter (an out-of-tree subclass), V2's module function replaced by one without it."""
     if route == METHOD and _takes(getattr(type(runner), DISPATCH, None), EAGER[METHOD]):
         vars(runner)[DISPATCH] = _eager(getattr(type(runner), DISPATCH).__get__(runner), EAGER[METHOD])
-        try:
-            yield
-        finally:
-            vars(runner).pop(DISPATCH, None)
-    elif route == FUNCTION and _takes(function.__globals__.get(DISPATCH_V2), EAGER[FUNCTION]):
+        return lambda: vars(runner).pop(DISPATCH, None)
+    if route == FUNCTION and _takes(function.__globals__.get(DISPATCH_V2), EAGER[FUNCTION]):
         namespace = function.__globals__
         own = namespace[DISPATCH_V2]
         namespace[DISPATCH_V2] = _eager(own, EAGER[FUNCTION])
-        try:
-            yield
-        finally:
-            namespace[DISPATCH_V2] = own
-    else:
+        return lambda: namespace.__setitem__(DISPATCH_V2, own)
+    return None
+
+
+@contextlib.contextmanager
+def _eager_step(runner: Any, route: str | None, function: types.FunctionType) -> Any:
+    """This step only: vLLM's own dispatch with its eager parameter set (no graph replay), undone
+    after it. Forcing never raises into vLLM (unless strict): the step then runs as vLLM chose."""
+    undo = None
+    try:
+        undo = _force(runner, route, function)
+    except Exception as error:
+        if containment.strict_requested():
+            raise
+        containment.report_error("verify: step not dispatched eager", error)
+    try:
         yield
+    finally:
+        if undo is not None:
+            undo()
 
 
 def _capture_paused(original: types.FunctionType) -> types.FunctionType:
