@@ -83,7 +83,7 @@ _window: Window | None = None
 _finished = False
 # (runner class, method name): (vLLM's function, ours): execute_model, and capture_model where forced
 _installed: dict[tuple[type, str], tuple[types.FunctionType, types.FunctionType]] = {}
-_dispatch = {"eager": False}  # the step now running was dispatched with force_eager (no graph replay)
+_dispatch = {"eager": False}  # the step now running was dispatched with its eager parameter set (EAGER)
 _steps: weakref.WeakKeyDictionary[Any, _Step] = weakref.WeakKeyDictionary()  # per runner, nothing set on it
 probed: dict[str, str | None] = {}  # runner class: None (the seam recognised) or why it is unknown
 
