@@ -30,9 +30,10 @@ import functools
 import inspect
 import logging
 import sys
-import textwrap
 import types
 from typing import Any
+
+from vllm_hotfix.fixes.base import Fix
 
 logger = logging.getLogger("vllm.hotfix")
 
@@ -53,11 +54,9 @@ _RENAME_WITH_FAKE = (
 outcome: dict[str, str] = {}  # {"state": one of the outcomes, "reason": why}; empty until decided
 
 
-def _statements(source: str) -> list[ast.stmt] | None:
-    tree = ast.parse(textwrap.dedent(source))
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-        return None
-    body = tree.body[0].body
+def _statements(source: str) -> list[ast.stmt]:
+    """The function's statements, a docstring left out; ValueError unless one function."""
+    body = Fix.parse_function(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # a docstring
     return body
@@ -86,10 +85,8 @@ def probe(source: str) -> tuple[str, str]:
     """(APPLIED: the known buggy shape, to be fixed; FIXED; or UNKNOWN) and why, from the source."""
     try:
         body = _statements(source)
-    except SyntaxError as error:
-        return UNKNOWN, f"the source of {TARGET} could not be parsed: {error}"
-    if body is None:
-        return UNKNOWN, f"the source of {TARGET} is not one function"
+    except (SyntaxError, ValueError) as error:
+        return UNKNOWN, f"the source of {TARGET} could not be read: {error}"
     function = ast.Module(body=body, type_ignores=[])
     tests = [node.test for node in ast.walk(function) if isinstance(node, ast.If)]
     if any("self.mutation_renames" in ast.unparse(test) for test in tests):
