@@ -32,9 +32,16 @@ IDS = "1,2,4"  # 4 = num_hidden_layers: the final layer
 # VLLM_HOTFIX_VERIFY: every run with the hotfix also runs the in-worker check (its verdict lines).
 GPU = {
     "VLLM_MLA_DISABLE": "0",
+    # The bundle carries no FlashInfer; unset, vLLM's sampler imports it on CUDA (first GPU run,
+    # 2026-12-04). The sampler is not under check: PyTorch's top-k/top-p path is used instead.
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "VLLM_CPU_KVCACHE_SPACE": "",
     "VLLM_HOTFIX_ORACLE": "1",
-    "VLLM_HOTFIX_VERIFY": "1",
+    # 2 steps: the window ends inside the run (3 proposer calls), so the verdict is logged and the
+    # report written while the engine runs; the third call is served after the window, from the
+    # graphs captured with the taps paused. With 8 (the default for "1") the window outlived the
+    # run and no verdict came (first GPU run, 2026-12-04).
+    "VLLM_HOTFIX_VERIFY": "2",
 }
 BUG_LABEL, PATCHED, WARM, UPSTREAM = (
     "0.24.0, deepseek fix off",
