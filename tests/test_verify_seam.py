@@ -534,3 +534,44 @@ def test_v2s_window_steps_replay_no_graph_and_its_dummy_runs_are_left_alone(monk
 
     monkeypatch.setitem(globals(), "dispatch_cg_and_sync_dp", Unhashable())
     assert ours(runner, 3) == "THEIRS" and not seam._dispatch["eager"]
+
+
+# A process that ends before its window did: `_at_exit` (replaced here by a marker) must still run.
+# vLLM's engine core and workers are multiprocessing children; under "fork" (vLLM's default on CUDA)
+# they end with os._exit, where atexit handlers never run.
+_SHORT_RUN = """
+import multiprocessing, sys
+from pathlib import Path
+from vllm_hotfix.verify import seam
+
+def process(marker):
+    seam._at_exit = lambda: Path(marker).write_text("window finished")
+    seam._finish_at_exit()
+
+if __name__ == "__main__":
+    how, marker = sys.argv[1:]
+    if how == "interpreter":
+        process(marker)
+    else:
+        child = multiprocessing.get_context(how).Process(target=process, args=(marker,))
+        child.start()
+        child.join()
+        sys.exit(child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "spawn", "interpreter"])
+def test_a_window_cut_short_by_the_end_of_its_process_is_finished(how: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from harness.testenv import REPO
+
+    script, marker = tmp_path / "short_run.py", tmp_path / "marker"
+    script.write_text(_SHORT_RUN)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script), how, str(marker)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.exists() and marker.read_text() == "window finished", f"{how}: _at_exit never ran"

@@ -30,11 +30,11 @@ every rank together, after the exchange.
 from __future__ import annotations
 
 import ast
-import atexit
 import contextlib
 import functools
 import inspect
 import logging
+import multiprocessing.util
 import os
 import sys
 import textwrap
@@ -325,6 +325,15 @@ def _finish(note: str | None = None) -> None:
         raise VerifyError(f"{line} ({containment.STRICT_VAR}=1 stops the run)")
 
 
+def _finish_at_exit() -> None:
+    """Have `_at_exit` run when this process ends. Not with atexit: vLLM's engine core and workers are
+    multiprocessing children, which end with os._exit under "fork" (vLLM's default on CUDA; its CPU
+    platform forces "spawn"), so atexit never runs there: on the first GPU run (2026-12-04) a run
+    shorter than its window gave no verdict and no report. multiprocessing runs its finalizers at the
+    end of every process it starts, whatever the start method, and at the interpreter's exit."""
+    multiprocessing.util.Finalize(None, _at_exit, exitpriority=10)
+
+
 def _at_exit() -> None:
     if _window is not None and not _finished and _window.checks:
         done = len(_window.checks)
@@ -352,7 +361,7 @@ def _observe(runner: Any, state: Any, cls: type, module: types.ModuleType) -> No
     deadline_s = verify_settings.read().timeout_s
     step = _steps.get(runner)
     if step is None:
-        atexit.register(_at_exit)
+        _finish_at_exit()
         try:
             step = _steps[runner] = _Step(runner, cls, module)
         except Exception as raised:  # this rank still joins its peers' first exchange
