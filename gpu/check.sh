@@ -16,7 +16,7 @@
 # only) newest/venv with vllm 0.32.0. `install` makes venv/ with no packages of its own but python3's
 # torch, and installs the locked dependencies (gpu/requirements.txt) with `pip install
 # --no-index --find-links`. The checks print one line per check (PASS/FAIL) and exit 1 on any
-# failure. Nothing here has been run on a GPU yet.
+# failure. `v2` ran on one H200 from the offline bundle (2026-12-04, docs/gpu-runbook.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${GPU_CHECK_DIR:-$HOME/hotfix-gpu-env}"

@@ -219,6 +219,26 @@ def test_gpu_check_verdicts() -> None:
     assert g.compare(runs).failed > 0
 
 
+def test_the_recorded_h200_reports_pass_the_kits_cuda_graph_check() -> None:
+    """The workers' reports of the first GPU run (gpu/results/, 2026-12-04), read by the kit's own
+    check: graphs captured with the taps paused, every checked step without replay; and it fails on
+    a report that says otherwise."""
+    from gpu import check_v2 as g
+
+    recorded = json.loads((REPO / "gpu/results/v2-2026-12-04-h200-reports.json").read_text())
+    by_run = {r["_run"]: r for r in recorded}
+    assert [by_run[k]["verdict"] for k in ("reports-0", "reports-1", "reports-2")] == ["FAIL", "PASS", "PASS"]
+    reports = {g.PATCHED: [by_run["reports-1"]], g.WARM: [by_run["reports-2"]]}
+    assert all(r["inductor_order"]["state"] == "not needed" for r in recorded)
+    report = g.Report()
+    g.check_graphs(report, reports, [g.PATCHED, g.WARM])
+    assert report.failed == 0
+    replayed = {**by_run["reports-1"], "cuda_graphs": {"capture_paused": True, "eager_steps": 1}}
+    report = g.Report()
+    g.check_graphs(report, {g.PATCHED: [replayed]}, [g.PATCHED])
+    assert report.failed == 1
+
+
 def test_gpu_check_v32_verdicts() -> None:
     torch = pytest.importorskip("torch")
     from gpu import check_v32 as g
