@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.testenv import BUG, FIXED, NEWEST
 from vllm_hotfix.settings import read_settings
 from vllm_hotfix.vllm_version import VllmVersion, parse_release
 
@@ -79,3 +80,30 @@ def test_force_list() -> None:
     assert found.forced_ids == {"deepseek-final-aux"}
     (problem,) = found.problems
     assert "VLLM_HOTFIX_FORCE" in problem and "'nope'" in problem
+
+
+# vLLM's own check of VLLM_ variables (engine start-up, EngineArgs.create_engine_config): what the
+# README says about our VLLM_HOTFIX_ names under `--fail-on-environ-validation`.
+VALIDATE = """
+from vllm.engine import arg_utils
+from vllm.platforms import current_platform
+import vllm.envs as envs
+validate = getattr(current_platform, "validate_environ", None) or envs.validate_environ
+assert "validate_environ(self.fail_on_environ_validation)" in open(arg_utils.__file__).read()
+validate(False)
+try:
+    validate(True)
+    print("accepted")
+except ValueError as error:
+    print(f"refused: {error}")
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", [BUG, FIXED, NEWEST])
+def test_vllm_refuses_our_variables_only_under_fail_on_environ_validation(testenv, version: str) -> None:
+    done = testenv.run(["-c", VALIDATE], version=version, VLLM_HOTFIX_VERIFY="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = "Unknown vLLM environment variable detected: VLLM_HOTFIX_VERIFY"
+    assert said in done.stderr + done.stdout  # the warning without the flag
+    assert done.stdout.splitlines()[-1] == f"refused: {said}"  # the error with it
