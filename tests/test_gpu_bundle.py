@@ -239,6 +239,16 @@ def test_the_recorded_h200_reports_pass_the_kits_cuda_graph_check() -> None:
     assert report.failed == 1
 
 
+def test_the_warm_runs_window_outlives_it_and_must_report_at_the_end() -> None:
+    from gpu import check_v2 as g
+
+    assert int(g.LONG_WINDOW["VLLM_HOTFIX_VERIFY"]) > 3 > int(g.GPU["VLLM_HOTFIX_VERIFY"])
+    for notes, failed in (([g.RUN_ENDED], 0), ([None], 1), ([], 1)):
+        report = g.Report()
+        g.check_run_end(report, {g.WARM: [{"rank": 0, "note": n} for n in notes]}, g.WARM)
+        assert report.failed == failed, notes
+
+
 def test_gpu_check_v32_verdicts() -> None:
     torch = pytest.importorskip("torch")
     from gpu import check_v32 as g
