@@ -7,6 +7,9 @@
 #                                     # every wheel), then install offline
 #   bash gpu/check.sh v2              # DeepseekV2Model, vllm 0.24.0 vs the hotfix vs 0.25.0
 #   bash gpu/check.sh v32 [--release 0.26.0|0.32.0]
+#   bash gpu/check.sh bench [--rounds N] [--control]
+#                                     # decode after the check's window against an engine
+#                                     # never checked, both resident (gpu/bench_after_window.py)
 #                                     # DeepseekV32Model (nvidia file), stock vs the hotfix;
 #                                     # 0.32.0 (vLLM's registry picks the file) needs
 #                                     # install-online: the bundle carries no torch 2.13
@@ -33,5 +36,6 @@ case "${1:-}" in
         ;;
     v2) exec "$ROOT/venv/bin/python" gpu/check_v2.py ;;
     v32) exec "$ROOT/venv/bin/python" gpu/check_v32.py "${@:2}" ;;
-    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32 [--release R]" >&2; exit 2 ;;
+    bench) exec "$ROOT/venv/bin/python" gpu/bench_after_window.py "${@:2}" ;;
+    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32 [--release R]|bench [--rounds N]" >&2; exit 2 ;;
 esac

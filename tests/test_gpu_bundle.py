@@ -163,6 +163,7 @@ def test_the_lock_is_pinned_and_leaves_torch_to_the_machine() -> None:
 def test_gpu_check_sh_stages_installs_and_runs() -> None:
     script = (REPO / "gpu" / "check.sh").read_text()
     assert "gpu.bundle assemble" in script and "gpu.bundle install" in script
+    assert "gpu/bench_after_window.py" in script and (REPO / "gpu" / "bench_after_window.py").is_file()
     assert subprocess.run(["bash", "-n", str(REPO / "gpu" / "check.sh")]).returncode == 0
     assert subprocess.run(["bash", "-n", str(REPO / "gpu" / "prepare.sh")]).returncode == 0
 
