@@ -43,6 +43,9 @@ GPU = {
     # run and no verdict came (first GPU run, 2026-12-04).
     "VLLM_HOTFIX_VERIFY": "2",
 }
+# --enforce-eager: vLLM runs its CUDA norm kernels (the in-place fused add-RMSNorm) only outside its
+# default compiled mode, whose norms are native; the pre-norm-sum oracle is what that path can break.
+EAGER = "0.24.0 + hotfix, eager"
 BUG_LABEL, PATCHED, WARM, UPSTREAM = (
     "0.24.0, deepseek fix off",
     "0.24.0 + hotfix (plugin)",
@@ -51,7 +54,7 @@ BUG_LABEL, PATCHED, WARM, UPSTREAM = (
 )
 # What the in-worker check must say on each run with the hotfix: the bug's missing state is a count
 # failure; the fixed runs pass every check, the final id's included.
-VERIFY_EXPECTED = {BUG_LABEL: "FAIL", PATCHED: "PASS", WARM: "PASS"}
+VERIFY_EXPECTED = {BUG_LABEL: "FAIL", PATCHED: "PASS", WARM: "PASS", EAGER: "PASS"}
 # The warm run's window (8 steps) outlives its 3 calls: its verdict must come as the engine core ends
 # (a multiprocessing finalizer, seam._finish_at_exit; vLLM forks its engine core on CUDA, where atexit
 # never runs), with the report's note saying so.
@@ -249,7 +252,8 @@ def _compile_lines(log: str) -> str:
         "Graph capturing",
     )
     lines = [line.strip() for line in log.splitlines() if any(k in line for k in keys)]
-    return "\n".join("    " + re.sub(r"^.*?\] ", "", line)[:160] for line in lines[:8])
+    norms = sorted(set(re.findall(r"IrOpPriorityConfig\([^)]*\)", log)))  # which norm kernels ran
+    return "\n".join("    " + re.sub(r"^.*?\] ", "", line)[:160] for line in lines[:8] + norms)
 
 
 def keep_run(runs: dict[str, dict], label: str, run: dict, log: Path, start: float) -> None:
@@ -287,21 +291,25 @@ def main() -> int:
     ways = Ways(testenv, work / "tiny", work)
     runs, reports = {}, {}
     shared = {"VLLM_CACHE_ROOT": str(work / "shared-vllm-cache")}
-    for label, way, version, env in (
-        (BUG_LABEL, "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}),
-        (PATCHED, "plugin", BUG, shared),
-        (WARM, "plugin", BUG, {**shared, **LONG_WINDOW}),
-        (UPSTREAM, "stock", FIXED, {}),
+    for label, way, version, env, mode in (
+        (BUG_LABEL, "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}, "compile"),
+        (PATCHED, "plugin", BUG, shared, "compile"),
+        (WARM, "plugin", BUG, {**shared, **LONG_WINDOW}, "compile"),
+        (UPSTREAM, "stock", FIXED, {}, "compile"),
+        (EAGER, "plugin", BUG, {}, "eager"),
     ):
         start = time.monotonic()
         where = work / f"reports-{len(runs)}"
         env = {**GPU, **env, "VLLM_HOTFIX_VERIFY_REPORT": str(where)}  # a run's own values win
-        run = ways.run(way, IDS, "compile", version, extra_args=["--dtype", "bfloat16"], **env)
+        run = ways.run(way, IDS, mode, version, extra_args=["--dtype", "bfloat16"], **env)
         keep_run(runs, label, run, logs / f"v2-run{len(runs)}.log", start)
         reports[label] = _reports(where)
     report = compare(runs)
     check_graphs(report, reports, [PATCHED, WARM])
     check_run_end(report, reports, WARM)
+    eager = runs[EAGER]  # its own oracle only: eager states differ from compiled ones in bfloat16
+    report.check(eager["result"]["ok"], f"{EAGER}: generated", eager["result"].get("error", "")[:150])
+    compare_states(report, EAGER, eager, None, None)
     return finish(report, runs, VERIFY_EXPECTED, logs)
 
 

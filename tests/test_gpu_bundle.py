@@ -250,6 +250,17 @@ def test_the_warm_runs_window_outlives_it_and_must_report_at_the_end() -> None:
         assert report.failed == failed, notes
 
 
+def test_the_eager_run_is_judged_by_its_own_oracle_alone() -> None:
+    torch = pytest.importorskip("torch")
+    from gpu import check_v2 as g
+
+    for offset, failed in ((0.0, 0), (1.0, 1)):  # final state not the pre-norm sum: one check fails
+        report = g.Report()
+        g.compare_states(report, g.EAGER, _v2_runs(torch, final_offset=offset)[g.PATCHED], None, None)
+        assert report.failed == failed
+    assert g.VERIFY_EXPECTED[g.EAGER] == "PASS"
+
+
 def test_gpu_check_v32_verdicts() -> None:
     torch = pytest.importorskip("torch")
     from gpu import check_v32 as g
