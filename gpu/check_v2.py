@@ -3,7 +3,9 @@ build, MLA on, vLLM's default compilation and CUDA graphs, extract_hidden_states
 
 Runs, each a fresh engine: 0.24.0 without the fix (the bug), 0.24.0 with the hotfix as a plugin, the
 same again on the warm compile caches (the three 0.24.0 runs share one VLLM_CACHE_ROOT, so the patched
-runs meet the unpatched run's artifacts and must not load them), and vllm 0.25.0 (upstream's fix).
+runs meet the unpatched run's artifacts and must not load them), vllm 0.25.0 (upstream's fix), and
+0.24.0 with the hotfix under --enforce-eager (vLLM's CUDA norm kernels; judged by the first oracle
+below and the in-worker check only).
 
 Oracles, each per proposer call (prefill and decode steps):
 - in-process, independent of the fix: the final state equals `hidden_states + residual` at the input
