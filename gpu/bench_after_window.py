@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from gpu.check_v2 import GPU
     from harness.bench_results import ratio_text, summary
     from harness.child.tiny_checkpoint import build
     from harness.testenv import BUG, TestEnv
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     plugin = install_plugin(testenv, work / "plugin")
     checkpoint = build(str(work / "tiny"), gpu_mla=gpu)
     # as gpu/check_v2.py's runs, less its oracle and its check (only the checked side has that)
-    platform = {"VLLM_MLA_DISABLE": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": ""}
+    platform = {k: v for k, v in GPU.items() if not k.startswith("VLLM_HOTFIX_")}
     sides = ["checked", "plain"] + (["plain-2"] if args.control else [])
     engines: dict[str, Engine] = {}
     try:

@@ -7,12 +7,12 @@
 #                                     # every wheel), then install offline
 #   bash gpu/check.sh v2              # DeepseekV2Model, vllm 0.24.0 vs the hotfix vs 0.25.0
 #   bash gpu/check.sh v32 [--release 0.26.0|0.32.0]
-#   bash gpu/check.sh bench [--rounds N] [--control]
-#                                     # decode after the check's window against an engine
-#                                     # never checked, both resident (gpu/bench_after_window.py)
 #                                     # DeepseekV32Model (nvidia file), stock vs the hotfix;
 #                                     # 0.32.0 (vLLM's registry picks the file) needs
 #                                     # install-online: the bundle carries no torch 2.13
+#   bash gpu/check.sh bench [--rounds N] [--control]
+#                                     # decode after the check's window against an engine
+#                                     # never checked, both resident (gpu/bench_after_window.py)
 #
 # Both installs build, under GPU_CHECK_DIR (default ~/hotfix-gpu-env), the layout harness/testenv.py
 # runs: venv/ with vllm 0.24.0, vllm 0.25.0 and 0.26.0 as PYTHONPATH overlays beside it, and (online

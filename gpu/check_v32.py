@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu.check_v2 import Report, _diff, check_output_and_tokens, finish, keep_run
+from gpu.check_v2 import GPU, Report, _diff, check_output_and_tokens, finish, keep_run
 
 if TYPE_CHECKING:
     from harness.testenv import TestEnv
@@ -50,20 +50,7 @@ OVERRIDE = [
     "--model-class-override",
     "DeepseekV32ForCausalLM=vllm.models.deepseek_v32.nvidia.model:DeepseekV32ForCausalLM",
 ]
-# VLLM_HOTFIX_VERIFY: every run also runs the in-worker check (the plugin is in every run).
-GPU = {
-    "VLLM_MLA_DISABLE": "0",
-    # The bundle carries no FlashInfer; unset, vLLM's sampler imports it on CUDA (first GPU run,
-    # 2026-12-04). The sampler is not under check: PyTorch's top-k/top-p path is used instead.
-    "VLLM_USE_FLASHINFER_SAMPLER": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "",
-    "VLLM_HOTFIX_ORACLE": "1",
-    # 2 steps: the window ends inside the run (3 proposer calls), so the verdict is logged and the
-    # report written while the engine runs; the third call is served after the window, from the
-    # graphs captured with the taps paused. With 8 (the default for "1") the window outlived the
-    # run and no verdict came (first GPU run, 2026-12-04).
-    "VLLM_HOTFIX_VERIFY": "2",
-}
+# GPU (check_v2's): every run also runs the in-worker check (the plugin is in every run).
 STOCK_BUG, STOCK, PATCHED = f"stock, ids [{IDS}]", f"stock, ids [{INNER}]", f"hotfix, ids [{IDS}]"
 # At TP=1 stock's in-loop states are right (no partial sums on one rank): only the missing final
 # state fails, as a count failure.
