@@ -34,23 +34,11 @@ MARK = "BENCH-AFTER-WINDOW "  # prefixes the child's own lines on stdout, among 
 def child(checkpoint: str, reports: str, tokens: int, gpu: bool) -> None:
     """One engine: start, warm up (the checked one's window ends here), then time a generate call per
     line read from stdin."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    from harness.checked_llm import IDS, PROMPT
+    from harness.checked_llm import PROMPT, checked_llm
 
-    llm = LLM(
-        model=checkpoint,
-        dtype="bfloat16" if gpu else "float32",
-        max_model_len=128,
-        max_num_batched_tokens=128,
-        seed=0,
-        gpu_memory_utilization=0.3,
-        speculative_config={
-            "method": "extract_hidden_states",
-            "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": IDS}},
-        },
-    )
+    llm = checked_llm(checkpoint, dtype="bfloat16" if gpu else "float32", gpu_memory_utilization=0.3)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     for _ in range(3):
         llm.generate(PROMPT, params, use_tqdm=False)
