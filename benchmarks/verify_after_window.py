@@ -111,6 +111,40 @@ def _taps_flag(worker: Any, on: bool) -> int:
     return int(taps.of(_wrapper(worker)).meta[:, 0].sum())
 
 
+def _profile(worker: Any, side: str, on: bool) -> None:
+    """cProfile in the worker, one profile per side, on for the generate calls of `side` only."""
+    import cProfile
+
+    profiles = vars(worker).setdefault("_bench_profiles", {})
+    profile = profiles.setdefault(side, cProfile.Profile())
+    profile.enable() if on else profile.disable()
+
+
+def _profiled_us(worker: Any) -> dict[str, dict[str, float]]:
+    """Per side, microseconds per model forward under cProfile: the whole compiled forward (from the
+    holder's `forward`, Dynamo's bytecode included), the generated code's `call` (its kernels and
+    host code), `call`'s own Python, and the buffers `call` allocates (`empty_strided_cpu`)."""
+    import pstats
+
+    code = type(_wrapper(worker)).forward.__code__
+    found = {}
+    for side, profile in vars(worker)["_bench_profiles"].items():
+        # (file, line, name): (calls, primitive calls, own time, cumulative time, callers)
+        stats = pstats.Stats(profile).stats
+        forward = stats[(code.co_filename, code.co_firstlineno, code.co_name)]
+        calls = [v for k, v in stats.items() if k[2] == "call" and "torchinductor" in k[0]]
+        allocs = sum(v[0] for k, v in stats.items() if k[2].endswith("_empty_strided_cpu>"))
+        n = forward[0]
+        found[side] = {
+            "forwards": n,
+            "forward_us": forward[3] / n * 1e6,
+            "call_us": sum(v[3] for v in calls) / n * 1e6,
+            "call_own_us": sum(v[2] for v in calls) / n * 1e6,
+            "buffers": allocs / n,
+        }
+    return found
+
+
 def _op_call_us(worker: Any, calls: int = 20000) -> dict[str, float]:
     """With the flag off, microseconds a call: by name, as inductor's generated code calls the op
     (`torch.ops.vllm_hotfix_verify.tap.default`, after the window a plain function that returns at
@@ -133,7 +167,7 @@ def _op_call_us(worker: Any, calls: int = 20000) -> dict[str, float]:
     return timed
 
 
-def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
+def one_tp(tp: int, rounds: int, tokens: int, profiled: int) -> dict[str, Any]:
     for key, value in {
         "VLLM_MLA_DISABLE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -187,6 +221,12 @@ def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
         for side in ("after", "never") if i % 2 == 0 else ("never", "after"):
             times[side].append(run(side))
     ratios = [a / n for a, n in zip(times["after"], times["never"], strict=True)]
+    for i in range(profiled):  # where the difference goes, after the timed rounds (cProfile slows both)
+        for side in ("after", "never") if i % 2 == 0 else ("never", "after"):
+            llm.collective_rpc(_use, args=(side,))
+            llm.collective_rpc(_profile, args=(side, True))
+            llm.generate(PROMPT, params, use_tqdm=False)
+            llm.collective_rpc(_profile, args=(side, False))
     op_us = llm.collective_rpc(_op_call_us)
     return {
         "tp": tp,
@@ -196,8 +236,22 @@ def one_tp(tp: int, rounds: int, tokens: int) -> dict[str, Any]:
         "times_s": times,
         "op_calls_per_call_with_flag_on": moved,
         "op_call_us": op_us,
+        "profiled_us": llm.collective_rpc(_profiled_us) if profiled else None,
         "windows": windows,
     }
+
+
+def profile_text(found: dict[str, dict[str, float]]) -> str:
+    """after / never, per model forward: the forward, the generated code's `call`, `call`'s own
+    Python, the buffers it allocates."""
+    a, n = found["after"], found["never"]
+    more = {key: a[key] - n[key] for key in a}
+    return (
+        f"forward {a['forward_us']:.0f} vs {n['forward_us']:.0f} us (+{more['forward_us']:.1f}),"
+        f" of which inductor's `call` {a['call_us']:.0f} vs {n['call_us']:.0f} us"
+        f" (+{more['call_us']:.1f}; its own Python +{more['call_own_us']:.1f});"
+        f" buffers allocated {a['buffers']:.0f} vs {n['buffers']:.0f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,12 +262,15 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=1000, help="alternating pairs of generate calls (default 1000)"
     )
     parser.add_argument("--tokens", type=int, default=16, help="tokens per generate call (default 16)")
+    parser.add_argument(
+        "--profile", type=int, default=200, help="alternating pairs under cProfile, after those (default 200)"
+    )
     parser.add_argument("--tp", default="1,2", help="tensor-parallel sizes, one engine each (default 1,2)")
     parser.add_argument("--one-tp", type=int, help=argparse.SUPPRESS)  # the child: one engine
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one_tp:
-        Path(args.out).write_text(json.dumps(one_tp(args.one_tp, args.rounds, args.tokens)))
+        Path(args.out).write_text(json.dumps(one_tp(args.one_tp, args.rounds, args.tokens, args.profile)))
         return 0
 
     recorder = Recorder(
@@ -231,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         out = work / f"tp{tp}.json"
         command = [__file__, "--one-tp", str(tp), "--out", str(out)]
         command += ["--rounds", str(args.rounds), "--tokens", str(args.tokens)]
+        command += ["--profile", str(args.profile)]
         done = testenv.run(command, paths=(plugin,), timeout=3600)
         if done.returncode != 0:
             print(done.stdout[-3000:], error_lines(done.stdout + done.stderr), sep="\n")
@@ -247,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             f" {result['op_calls_per_call_with_flag_on']}; with the flag off, per rank, the call by name"
             f" and the op's own: {calls}"
         )
+        for rank, found in enumerate(result["profiled_us"] or []):
+            print(f"TP={result['tp']} rank {rank}: {profile_text(found)}")
         rows.append(
             Row(
                 f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, ids 1,2,4, TP={result['tp']},"
@@ -255,6 +315,15 @@ def main(argv: list[str] | None = None) -> int:
                 text,
             )
         )
+    for result in results:
+        if result["profiled_us"]:
+            rows.append(
+                Row(
+                    f"`VLLM_HOTFIX_VERIFY`: where that difference goes, TP={result['tp']} rank 0, per model"
+                    f" forward under cProfile ({args.profile} rounds; the profiler slows Python)",
+                    profile_text(result["profiled_us"][0]),
+                )
+            )
     by_name = [t["by_name"] for result in results for t in result["op_call_us"]]
     op_us = [t["op"] for result in results for t in result["op_call_us"]]
     rows.append(
