@@ -112,22 +112,37 @@ def _taps_flag(worker: Any, on: bool) -> int:
 
 
 def _profile(worker: Any, side: str, on: bool) -> None:
-    """cProfile in the worker, one profile per side, on for the generate calls of `side` only."""
+    """cProfile in the worker, one profile per side, on inside the model's forward only (an instance
+    `forward` around vLLM's own): the engine's other work, e.g. waiting on its queues, is left out."""
     import cProfile
 
-    profiles = vars(worker).setdefault("_bench_profiles", {})
-    profile = profiles.setdefault(side, cProfile.Profile())
-    profile.enable() if on else profile.disable()
+    model = getattr(worker, "worker", worker).model_runner.model
+    if not on:
+        vars(model).pop("forward", None)
+        return
+    profile = vars(worker).setdefault("_bench_profiles", {}).setdefault(side, cProfile.Profile())
+    own = type(model).forward.__get__(model)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        profile.enable()
+        try:
+            return own(*args, **kwargs)
+        finally:
+            profile.disable()
+
+    vars(model)["forward"] = forward
 
 
-def _profiled_us(worker: Any) -> dict[str, dict[str, float]]:
+def _profiled_us(worker: Any) -> dict[str, Any]:
     """Per side, microseconds per model forward under cProfile: the whole compiled forward (from the
     holder's `forward`, Dynamo's bytecode included), the generated code's `call` (its kernels and
-    host code), `call`'s own Python, and the buffers `call` allocates (`empty_strided_cpu`)."""
+    host code), `call`'s own Python, and the buffers `call` allocates (`empty_strided_cpu`); and
+    `top`: the functions whose own time differs most between the sides, per forward."""
     import pstats
 
     code = type(_wrapper(worker)).forward.__code__
-    found = {}
+    found: dict[str, Any] = {}
+    own: dict[str, dict[str, list[float]]] = {}
     for side, profile in vars(worker)["_bench_profiles"].items():
         # (file, line, name): (calls, primitive calls, own time, cumulative time, callers)
         stats = pstats.Stats(profile).stats
@@ -142,7 +157,35 @@ def _profiled_us(worker: Any) -> dict[str, dict[str, float]]:
             "call_own_us": sum(v[2] for v in calls) / n * 1e6,
             "buffers": allocs / n,
         }
+        for key, value in stats.items():
+            entry = own.setdefault(_label(key), {}).setdefault(side, [0.0, 0.0])
+            entry[0] += value[0] / n
+            entry[1] += value[2] / n * 1e6
+    differences = [
+        (label, sides.get("after", [0, 0])[1] - sides.get("never", [0, 0])[1], sides)
+        for label, sides in own.items()
+    ]
+    differences.sort(key=lambda entry: -abs(entry[1]))
+    found["top"] = [
+        {
+            "function": label,
+            "own_us_more": more,
+            "calls": [sides.get(side, [0, 0])[0] for side in ("after", "never")],
+        }
+        for label, more, sides in differences[:8]
+    ]
     return found
+
+
+def _label(key: tuple[str, int, str]) -> str:
+    """A profiled function's name, the same on both sides: the generated code and its C++ kernels
+    have names of their own per compile."""
+    path, line, name = key
+    if "torchinductor" in path:
+        return "inductor's generated code: " + name
+    if ".kernel" in name:
+        return "inductor's C++ kernels"
+    return f"{path.rpartition('site-packages/')[2]}:{line}({name})"
 
 
 def _op_call_us(worker: Any, calls: int = 20000) -> dict[str, float]:
@@ -247,9 +290,9 @@ def profile_text(found: dict[str, dict[str, float]]) -> str:
     a, n = found["after"], found["never"]
     more = {key: a[key] - n[key] for key in a}
     return (
-        f"forward {a['forward_us']:.0f} vs {n['forward_us']:.0f} us (+{more['forward_us']:.1f}),"
+        f"forward {a['forward_us']:.0f} vs {n['forward_us']:.0f} us ({more['forward_us']:+.1f}),"
         f" of which inductor's `call` {a['call_us']:.0f} vs {n['call_us']:.0f} us"
-        f" (+{more['call_us']:.1f}; its own Python +{more['call_own_us']:.1f});"
+        f" ({more['call_us']:+.1f}; its own Python {more['call_own_us']:+.1f});"
         f" buffers allocated {a['buffers']:.0f} vs {n['buffers']:.0f}"
     )
 
@@ -306,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
             f" and the op's own: {calls}"
         )
         for rank, found in enumerate(result["profiled_us"] or []):
-            print(f"TP={result['tp']} rank {rank}: {profile_text(found)}")
+            top = "; ".join(
+                f"{t['function']} {t['own_us_more']:+.1f} us (calls {t['calls'][0]:.1f}/{t['calls'][1]:.1f})"
+                for t in found["top"]
+            )
+            print(f"TP={result['tp']} rank {rank}: {profile_text(found)}; own time, most different: {top}")
         rows.append(
             Row(
                 f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, ids 1,2,4, TP={result['tp']},"
