@@ -725,6 +725,7 @@ def test_compiled_the_taps_tensors_are_fetched_from_module_buffers() -> None:
     assert all("._buffers['_vllm_hotfix_" in sources[id(tensor)] for tensor in tensors), sources
     assert not [name for name in sources.values() if "hooks" in name], sources
     assert not [key for key in model.state_dict() if "_vllm_hotfix_" in key]  # weights load as before
+    assert len(taps.modules) == len({id(module) for module in taps.modules})  # each module once
 
 
 def _reader_norms(model) -> list:

@@ -344,9 +344,10 @@ class Taps:
         is a few attribute lookups, the way vLLM's own buffers (a rotary embedding's cos/sin cache)
         are fetched; from the hook's closure it goes through the module's hook dict
         (`dict_keys_getitem`), measured at 4-6 us a forward (docs/verification.md)."""
+        if any(known is module for known in self.modules):  # a second hook (the first layer's exit)
+            return module
         for name, tensor in zip(BUFFERS, self._tensors(), strict=True):
-            if name not in module._buffers:
-                module.register_buffer(name, tensor, persistent=False)
+            module.register_buffer(name, tensor, persistent=False)
         self.modules.append(module)
         return module
 
