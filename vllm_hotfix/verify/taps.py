@@ -218,7 +218,6 @@ class Taps:
 
         device = next((p.device for p in holder.parameters()), torch.device("cpu"))
         self.op = tap_op()  # before any trace: Dynamo refuses to register it inside one
-        self.holder_name = type(holder).__name__
         self.start = start
         self.sites = count + 1  # the boundaries start .. start + count of this rank's layers
         self.rows = {layer_id: row for row, layer_id in enumerate(sorted(set(ids)))}
