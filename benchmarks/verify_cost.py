@@ -1,4 +1,4 @@
-"""Cost of the in-worker check (VLLM_HOTFIX_VERIFY): a generate call whose steps are all checked,
+"""Cost of the in-worker check (VLLMHOTFIX_VERIFY): a generate call whose steps are all checked,
 against the same call in the state the engine is left in after the window (vLLM's own
 execute_model, the taps' flag off), alternating in one process. Run:
 bash scripts/bench.sh verify_cost [--rounds N] [--tokens T]
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "HF_HUB_OFFLINE": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_HOTFIX_VERIFY": "1",
+        "VLLMHOTFIX_VERIFY": "1",
     }.items():
         os.environ[key] = value
 
@@ -101,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = [
         Row(
-            f"`VLLM_HOTFIX_VERIFY`: a generate call ({args.tokens} tokens, every step checked, ids 1,2,4,"
+            f"`VLLMHOTFIX_VERIFY`: a generate call ({args.tokens} tokens, every step checked, ids 1,2,4,"
             " TP=1, tiny model on CPU, compiled), checked / the engine after the window (taps off)",
             ratio_text(stats),
         ),
         Row(
-            "`VLLM_HOTFIX_VERIFY`: after the window",
+            "`VLLMHOTFIX_VERIFY`: after the window",
             "vLLM's own `execute_model` is back (the same function object) and the taps' flag is off: "
             + ("no cost there" if restored else "NOT restored")
             + "; the taps' op, one call per tapped layer that returns at once, stays in the compiled"

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         n = len(starts)
         starts.append((side, n))
         reports, out = work / f"reports-{n}", work / f"start-{n}.json"
-        env = {"VLLM_CACHE_ROOT": str(cache), "VLLM_HOTFIX_VERIFY_REPORT": str(reports)}
-        env |= {"VLLM_HOTFIX_VERIFY": "2"} if side == "checked" else {}  # a window of 2 steps
+        env = {"VLLM_CACHE_ROOT": str(cache), "VLLMHOTFIX_VERIFY_REPORT": str(reports)}
+        env |= {"VLLMHOTFIX_VERIFY": "2"} if side == "checked" else {}  # a window of 2 steps
         command = [__file__, "--one", checkpoint, str(reports), str(out)]
         done = testenv.run(command, version=NEWEST, paths=(plugin,), timeout=1800, **env)
         if done.returncode != 0 or not out.exists():
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         text += f"; ratio {ratio_text(ratio)}"
     rows = [
         Row(
-            "`VLLM_HOTFIX_VERIFY`: engine start-up (process start to `LLM(...)` ready; tiny model on"
+            "`VLLMHOTFIX_VERIFY`: engine start-up (process start to `LLM(...)` ready; tiny model on"
             " CPU, compiled, TP=1) with the check, compile cache warm / the same without the check",
             text,
         )

@@ -5,7 +5,7 @@ engine whose window ended against the same engine never checked (issue 35, item 
 Both engines are resident at once, each a process of its own (the hotfix installed from its wheel
 as vLLM's plugin in both, so only the check differs), vllm 0.24.0 in its default mode (compiled,
 CUDA graphs), the tiny DeepSeek-V3 checkpoint, extract_hidden_states with ids 1,2,4. The checked
-engine runs with VLLM_HOTFIX_VERIFY=2: its window (2 steps) ends in the warm-up call, and its report
+engine runs with VLLMHOTFIX_VERIFY=2: its window (2 steps) ends in the warm-up call, and its report
 must say PASS with the graphs captured with the taps paused; the plain engine must write no report.
 Then the rounds alternate one generate call in each (the order flips every round), timed inside each
 process; the figure is the median ratio checked / plain with its 95% CI (harness/bench_results).
@@ -114,14 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     plugin = install_plugin(testenv, work / "plugin")
     checkpoint = build(str(work / "tiny"), gpu_mla=gpu)
     # as gpu/check_v2.py's runs, less its oracle and its check (only the checked side has that)
-    platform = {k: v for k, v in GPU.items() if not k.startswith("VLLM_HOTFIX_")}
+    platform = {k: v for k, v in GPU.items() if not k.startswith("VLLMHOTFIX_")}
     sides = ["checked", "plain"] + (["plain-2"] if args.control else [])
     engines: dict[str, Engine] = {}
     try:
         for side in sides:
             reports = work / f"reports-{side}"
-            env = {"VLLM_CACHE_ROOT": str(work / f"cache-{side}"), "VLLM_HOTFIX_VERIFY_REPORT": str(reports)}
-            env |= {"VLLM_HOTFIX_VERIFY": "2"} if side == "checked" else {}
+            env = {"VLLM_CACHE_ROOT": str(work / f"cache-{side}"), "VLLMHOTFIX_VERIFY_REPORT": str(reports)}
+            env |= {"VLLMHOTFIX_VERIFY": "2"} if side == "checked" else {}
             env |= platform if gpu else {}
             command = [testenv.python, __file__, "--child", checkpoint, str(reports), str(args.tokens)]
             command.append("1" if gpu else "0")

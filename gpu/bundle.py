@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE_DIR = REPO / "gpu-bundle"
 LOCK = Path(__file__).resolve().parent / "requirements.txt"
-CACHE = Path(os.environ.get("VLLM_HOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
+CACHE = Path(os.environ.get("VLLMHOTFIX_GPU_CACHE", Path.home() / ".cache" / "vllm-hotfix" / "gpu-prepare"))
 # On the GPU machine, outside the working tree.
 STAGE = os.environ.get("GPU_BUNDLE_STAGE") or str(Path.home() / "hotfix-bundle")
 
@@ -351,7 +351,7 @@ def stage(incoming: Path, manifest: dict, stage_dir: Path) -> None:
 def _open_zstd_reader(archive: Path, tools: list[Path]):
     """A readable stream of the decompressed archive: the zstd program, else the zstandard wheel."""
     window = "--long=31"  # lets zstd use a window up to 2 GiB (the archive's is 1 GiB)
-    if shutil.which("zstd") and os.environ.get("VLLM_HOTFIX_NO_ZSTD_PROGRAM") != "1":
+    if shutil.which("zstd") and os.environ.get("VLLMHOTFIX_NO_ZSTD_PROGRAM") != "1":
         process = subprocess.Popen(["zstd", "-d", "-q", "-c", window, str(archive)], stdout=subprocess.PIPE)
         return process.stdout, process
     unpacked = Path(tempfile.mkdtemp(prefix="zstandard-"))

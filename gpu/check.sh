@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${GPU_CHECK_DIR:-$HOME/hotfix-gpu-env}"
 STAGE="${GPU_BUNDLE_STAGE:-$HOME/hotfix-bundle}"
-export PYTHONUNBUFFERED=1 VLLM_HOTFIX_TEST_ENV="$ROOT" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONUNBUFFERED=1 VLLMHOTFIX_TEST_ENV="$ROOT" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 case "${1:-}" in
     install)
         python3 -m gpu.bundle assemble --stage "$STAGE" --tools "$STAGE/tools" --out "$STAGE/unpacked"

@@ -10,7 +10,7 @@ below and the in-worker check only).
 Oracles, each per proposer call (prefill and decode steps):
 - in-process, independent of the fix: the final state equals `hidden_states + residual` at the input
   of the model's final norm, taken in the same process and step by a forward pre-hook on that norm
-  (harness/child/sites/capture, VLLM_HOTFIX_ORACLE=1);
+  (harness/child/sites/capture, VLLMHOTFIX_ORACLE=1);
 - every other state equals stock's (the unpatched run's first call, recorded before it crashes);
 - every state, and the norm's output, equal vllm 0.25.0's.
 Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
@@ -31,19 +31,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 IDS = "1,2,4"  # 4 = num_hidden_layers: the final layer
-# VLLM_HOTFIX_VERIFY: every run with the hotfix also runs the in-worker check (its verdict lines).
+# VLLMHOTFIX_VERIFY: every run with the hotfix also runs the in-worker check (its verdict lines).
 GPU = {
     "VLLM_MLA_DISABLE": "0",
     # The bundle carries no FlashInfer; unset, vLLM's sampler imports it on CUDA (first GPU run,
     # 2026-12-04). The sampler is not under check: PyTorch's top-k/top-p path is used instead.
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "VLLM_CPU_KVCACHE_SPACE": "",
-    "VLLM_HOTFIX_ORACLE": "1",
+    "VLLMHOTFIX_ORACLE": "1",
     # 2 steps: the window ends inside the run (3 proposer calls), so the verdict is logged and the
     # report written while the engine runs; the third call is served after the window, from the
     # graphs captured with the taps paused. With 8 (the default for "1") the window outlived the
     # run and no verdict came (first GPU run, 2026-12-04).
-    "VLLM_HOTFIX_VERIFY": "2",
+    "VLLMHOTFIX_VERIFY": "2",
 }
 # --enforce-eager: vLLM runs its CUDA norm kernels (the in-place fused add-RMSNorm) only outside its
 # default compiled mode, whose norms are native; the pre-norm-sum oracle is what that path can break.
@@ -60,7 +60,7 @@ VERIFY_EXPECTED = {BUG_LABEL: "FAIL", PATCHED: "PASS", WARM: "PASS", EAGER: "PAS
 # The warm run's window (8 steps) outlives its 3 calls: its verdict must come as the engine core ends
 # (a multiprocessing finalizer, seam._finish_at_exit; vLLM forks its engine core on CUDA, where atexit
 # never runs), with the report's note saying so.
-LONG_WINDOW = {"VLLM_HOTFIX_VERIFY": "8"}
+LONG_WINDOW = {"VLLMHOTFIX_VERIFY": "8"}
 RUN_ENDED = "the run ended after 3 of 8 steps"
 
 
@@ -294,7 +294,7 @@ def main() -> int:
     runs, reports = {}, {}
     shared = {"VLLM_CACHE_ROOT": str(work / "shared-vllm-cache")}
     for label, way, version, env, mode in (
-        (BUG_LABEL, "import", BUG, {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux", **shared}, "compile"),
+        (BUG_LABEL, "import", BUG, {"VLLMHOTFIX_DISABLE": "deepseek-final-aux", **shared}, "compile"),
         (PATCHED, "plugin", BUG, shared, "compile"),
         (WARM, "plugin", BUG, {**shared, **LONG_WINDOW}, "compile"),
         (UPSTREAM, "stock", FIXED, {}, "compile"),
@@ -302,7 +302,7 @@ def main() -> int:
     ):
         start = time.monotonic()
         where = work / f"reports-{len(runs)}"
-        env = {**GPU, **env, "VLLM_HOTFIX_VERIFY_REPORT": str(where)}  # a run's own values win
+        env = {**GPU, **env, "VLLMHOTFIX_VERIFY_REPORT": str(where)}  # a run's own values win
         run = ways.run(way, IDS, mode, version, extra_args=["--dtype", "bfloat16"], **env)
         keep_run(runs, label, run, logs / f"v2-run{len(runs)}.log", start)
         reports[label] = _reports(where)

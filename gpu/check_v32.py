@@ -12,7 +12,7 @@ check sets; from 0.29.0 vLLM's registry resolves it to that file on CUDA, and th
 override: it checks that the backbone the engine built is the nvidia file's.
 
 Runs (fresh engines, the hotfix as a plugin in each): stock with the final layer (fix disabled by
-VLLM_HOTFIX_DISABLE: the bug), stock without it (ids [1,2]: the reference for every step), patched
+VLLMHOTFIX_DISABLE: the bug), stock without it (ids [1,2]: the reference for every step), patched
 with it (ids [1,2,4]). Oracles, per proposer call (the prefill runs eagerly between CUDA-graph
 segments, decode steps replay CUDA graphs):
 - in-loop states (ids 1, 2) equal stock's bit for bit (at TP=1 the fix changes nothing else);
@@ -181,8 +181,8 @@ def main() -> int:
     shared = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "DG_JIT_CACHE_DIR": str(work / "deep-gemm-cache")}
     runs = {}
     for label, ids, env in (
-        (STOCK_BUG, IDS, {"VLLM_HOTFIX_DISABLE": FIX}),
-        (STOCK, INNER, {"VLLM_HOTFIX_DISABLE": FIX}),
+        (STOCK_BUG, IDS, {"VLLMHOTFIX_DISABLE": FIX}),
+        (STOCK, INNER, {"VLLMHOTFIX_DISABLE": FIX}),
         (PATCHED, IDS, {}),
     ):
         start = time.monotonic()

@@ -29,9 +29,9 @@ from harness.testenv import child_result
 
 
 def python312() -> str:
-    """A CPython 3.12 here: VLLM_HOTFIX_PYTHON312, else one on PATH, else pyenv's."""
-    if os.environ.get("VLLM_HOTFIX_PYTHON312"):
-        return os.environ["VLLM_HOTFIX_PYTHON312"]
+    """A CPython 3.12 here: VLLMHOTFIX_PYTHON312, else one on PATH, else pyenv's."""
+    if os.environ.get("VLLMHOTFIX_PYTHON312"):
+        return os.environ["VLLMHOTFIX_PYTHON312"]
     candidates = [
         *sorted(Path.home().glob(".pyenv/versions/3.12*/bin/python3.12")),
         Path("/usr/bin/python3.12"),
@@ -39,7 +39,7 @@ def python312() -> str:
     for candidate in candidates:
         if candidate.exists():
             return str(candidate)
-    raise SystemExit("no Python 3.12 here: set VLLM_HOTFIX_PYTHON312 (the GPU machine runs 3.12)")
+    raise SystemExit("no Python 3.12 here: set VLLMHOTFIX_PYTHON312 (the GPU machine runs 3.12)")
 
 
 TORCH_WHEELS = ("torch==2.11.0", "triton==3.6.0", "cuda-bindings==13.5.0")
@@ -199,7 +199,7 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "GPU_CHECK_DIR": str(root),
         "GPU_BUNDLE_STAGE": str(stage_dir),
-        "VLLM_HOTFIX_NO_ZSTD_PROGRAM": "1",
+        "VLLMHOTFIX_NO_ZSTD_PROGRAM": "1",
     }
     # One `stage` per part, as the runbook allows: the part arrives in the working tree, is checked, moved.
     for index, part in enumerate(manifest["parts"]):

@@ -10,9 +10,9 @@
 #                                  # vLLM 0.24.0/0.25.0/0.26.0 from it, run the checks' CPU parts
 #
 # The first run downloads ~830 MiB of vllm CUDA wheels and ~80 MiB of dependency wheels (kept in
-# ~/.cache/vllm-hotfix/gpu-prepare, or VLLM_HOTFIX_GPU_CACHE) and compresses for several minutes; the
+# ~/.cache/vllm-hotfix/gpu-prepare, or VLLMHOTFIX_GPU_CACHE) and compresses for several minutes; the
 # dry run downloads torch 2.11.0 for Python 3.12 once (~730 MiB) and needs a Python 3.12 (pyenv's, or
-# VLLM_HOTFIX_PYTHON312). A current gpu-bundle/ is reused; GPU_BUNDLE_REBUILD=1 rebuilds it.
+# VLLMHOTFIX_PYTHON312). A current gpu-bundle/ is reused; GPU_BUNDLE_REBUILD=1 rebuilds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_DIR=$(bash scripts/build-test-env.sh | tail -n 1)

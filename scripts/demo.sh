@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_DIR=$(bash scripts/build-test-env.sh | tail -n 1)
-export VLLM_HOTFIX_TEST_ENV="$ENV_DIR"
+export VLLMHOTFIX_TEST_ENV="$ENV_DIR"
 exec "$ENV_DIR/venv/bin/python" scripts/demo.py "$@"

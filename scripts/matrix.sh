@@ -8,5 +8,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENV_DIR=$(bash scripts/build-test-env.sh --all | tail -n 1)
-export VLLM_HOTFIX_TEST_ENV="$ENV_DIR"
+export VLLMHOTFIX_TEST_ENV="$ENV_DIR"
 exec nice -n "${NICE:-10}" "$ENV_DIR/venv/bin/python" -m harness.matrix "$@"

@@ -8,9 +8,9 @@ set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d /tmp/vllm-hotfix-ci-XXXXXX)"
 git clone --quiet "$REPO" "$WORK/clone"
-export VLLM_HOTFIX_TEST_ENV="$WORK/test-env" PIP_NO_CACHE_DIR=1 CI=true
+export VLLMHOTFIX_TEST_ENV="$WORK/test-env" PIP_NO_CACHE_DIR=1 CI=true
 start=$(date +%s)
-echo "$(date -u '+%F %T') fresh clone of $(git -C "$WORK/clone" log --oneline -1), environment in $VLLM_HOTFIX_TEST_ENV"
+echo "$(date -u '+%F %T') fresh clone of $(git -C "$WORK/clone" log --oneline -1), environment in $VLLMHOTFIX_TEST_ENV"
 (cd "$WORK/clone" && bash scripts/test.sh --durations=60) 2>&1 | while IFS= read -r line; do
     printf '%(%H:%M:%S)T %s\n' -1 "$line"
 done

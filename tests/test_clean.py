@@ -133,7 +133,7 @@ def test_a_missing_place_has_nothing_to_remove_and_is_not_created(places: dict[s
 
 def test_a_file_this_process_uses_is_kept(places: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(places["xdg"]))
-    monkeypatch.delenv("VLLM_HOTFIX_CACHE_DIR", raising=False)
+    monkeypatch.delenv("VLLMHOTFIX_CACHE_DIR", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(places["tmp"]))
     used, unused = places["cache"] / OLD, places["cache"] / RECENT
     for path in (used, unused):

@@ -19,7 +19,7 @@ def armed(monkeypatch: pytest.MonkeyPatch) -> None:
     """This test's own records, armed, with no switch set."""
     monkeypatch.setattr(engine, "_records", {})
     monkeypatch.setattr(engine, "_armed", True)
-    for name in ("VLLM_HOTFIX_DISABLE", "VLLM_HOTFIX_FORCE", "VLLM_HOTFIX_STRICT"):
+    for name in ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_FORCE", "VLLMHOTFIX_STRICT"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -70,6 +70,6 @@ def test_an_error_outside_deciding_is_contained(
     assert capsys.readouterr().err == "vllm-hotfix: fix toy not decided: RuntimeError: broken on purpose\n"
     assert engine.records()[TOY.fix_id].decision is Decision.FAILED
 
-    monkeypatch.setenv("VLLM_HOTFIX_STRICT", "1")
+    monkeypatch.setenv("VLLMHOTFIX_STRICT", "1")
     with pytest.raises(RuntimeError, match="broken on purpose"):
         engine._on_import(TOY, module)

@@ -232,7 +232,7 @@ def replaced_before_import_in_strict_mode() -> None:
 
 
 def test_strict_mode_raises_where_it_would_leave_the_bug(testenv) -> None:
-    stderr = run_failing_in_subprocess(testenv, replaced_before_import_in_strict_mode, VLLM_HOTFIX_STRICT="1")
+    stderr = run_failing_in_subprocess(testenv, replaced_before_import_in_strict_mode, VLLMHOTFIX_STRICT="1")
     assert "HotfixError" in stderr and "deepseek-final-aux not applied" in stderr
 
 
@@ -255,23 +255,23 @@ def decisions_after_importing_both_targets() -> dict[str, Any]:
 def test_disable_switches(testenv) -> None:
     from vllm_hotfix.fixes import FIX_IDS
 
-    all_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE="1")
+    all_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLMHOTFIX_DISABLE="1")
     assert all_off["status"] == expected(all_off, disabled=FIX_IDS) and not all_off["patched"]
     assert all_off["status"][DS] == all_off["status"][CPU] == "disabled"
-    one_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLM_HOTFIX_DISABLE=CPU)
+    one_off = run_in_subprocess(testenv, decisions_after_importing_both_targets, VLLMHOTFIX_DISABLE=CPU)
     assert one_off["status"] == expected(one_off, disabled=(CPU,)) and one_off["patched"]
     assert (one_off["status"][DS], one_off["status"][CPU]) == ("patched", "disabled")
     invalid = run_in_subprocess(
         testenv,
         decisions_after_importing_both_targets,
-        VLLM_HOTFIX_DISABLE="deepseek-final-axu",
-        VLLM_HOTFIX_STRICT="perhaps",
+        VLLMHOTFIX_DISABLE="deepseek-final-axu",
+        VLLMHOTFIX_STRICT="perhaps",
     )
     assert invalid["status"] == expected(invalid)  # the safe default: fixes stay on
     assert invalid["status"][DS] == invalid["status"][CPU] == "patched"
     errors = [line for level, line in log_lines(invalid) if level == "ERROR"]
-    assert any("VLLM_HOTFIX_DISABLE" in e and "'deepseek-final-axu'" in e for e in errors)
-    assert any("VLLM_HOTFIX_STRICT" in e and "'perhaps'" in e for e in errors)
+    assert any("VLLMHOTFIX_DISABLE" in e and "'deepseek-final-axu'" in e for e in errors)
+    assert any("VLLMHOTFIX_STRICT" in e and "'perhaps'" in e for e in errors)
 
 
 def armed_after_a_model_exists() -> dict[str, Any]:
@@ -387,13 +387,13 @@ def test_unknown_shape_is_left_alone_with_advice(testenv) -> None:
     assert facts["decision"] == "unknown" and not facts["patched"]
     assert "missing: a layer loop" in facts["reason"]
     ((level, line),) = decision_lines(facts, DS)
-    assert level == "WARNING" and f"VLLM_HOTFIX_FORCE={DS}" in line
+    assert level == "WARNING" and f"VLLMHOTFIX_FORCE={DS}" in line
 
 
 def test_force_patches_an_unknown_shape_that_takes_the_change(testenv) -> None:
-    facts = run_in_subprocess(testenv, load_altered_deepseek, VLLM_HOTFIX_FORCE=DS)
+    facts = run_in_subprocess(testenv, load_altered_deepseek, VLLMHOTFIX_FORCE=DS)
     assert facts["decision"] == "patched" and facts["patched"]
-    assert facts["reason"].startswith("forced by VLLM_HOTFIX_FORCE")
+    assert facts["reason"].startswith("forced by VLLMHOTFIX_FORCE")
 
 
 def transform_that_raises() -> dict[str, Any]:
@@ -438,9 +438,9 @@ def import_both() -> None:
 
 def test_strict_mode_raises_on_an_invalid_switch(testenv) -> None:
     stderr = run_failing_in_subprocess(
-        testenv, import_both, VLLM_HOTFIX_STRICT="1", VLLM_HOTFIX_DISABLE="deepseek-final-axu"
+        testenv, import_both, VLLMHOTFIX_STRICT="1", VLLMHOTFIX_DISABLE="deepseek-final-axu"
     )
-    assert "HotfixError" in stderr and "VLLM_HOTFIX_DISABLE: 'deepseek-final-axu' is not a fix id" in stderr
+    assert "HotfixError" in stderr and "VLLMHOTFIX_DISABLE: 'deepseek-final-axu' is not a fix id" in stderr
 
 
 def replace_forward(replacement: str) -> dict[str, Any]:
@@ -481,7 +481,7 @@ def replace_forward(replacement: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("replacement", ["a proxy", "another plugin's function"])
 def test_force_never_patches_another_plugins_function(testenv, replacement: str) -> None:
-    facts = run_in_subprocess(testenv, replace_forward, replacement, VLLM_HOTFIX_FORCE=DS)
+    facts = run_in_subprocess(testenv, replace_forward, replacement, VLLMHOTFIX_FORCE=DS)
     assert facts["untouched"] and facts["decision"] == "unknown", facts["reason"]
     assert "forced" not in facts["reason"]
     expected = "replaced by another plugin?" if replacement.startswith("another") else "FunctionWrapper"
@@ -505,7 +505,7 @@ def generated_file() -> dict[str, Any]:
 
 def test_cache_dir_switch_is_honoured(testenv, tmp_path: Path) -> None:
     cache = tmp_path / "my-cache"
-    facts = run_in_subprocess(testenv, generated_file, VLLM_HOTFIX_CACHE_DIR=str(cache))
+    facts = run_in_subprocess(testenv, generated_file, VLLMHOTFIX_CACHE_DIR=str(cache))
     assert facts["decision"] == "patched" and facts["notes"] == []
     generated = Path(facts["file"])
     assert generated.parent == cache / "generated" and facts["code_file"] == str(generated)
@@ -519,7 +519,7 @@ def test_no_usable_directory_still_patches_and_warns(testenv, tmp_path: Path) ->
     temp.mkdir()
     (temp / f"vllm-hotfix-{os.getuid()}").write_text("")  # the temporary place cannot be made
     facts = run_in_subprocess(
-        testenv, generated_file, VLLM_HOTFIX_CACHE_DIR=str(blocked / "cache"), TMPDIR=str(temp)
+        testenv, generated_file, VLLMHOTFIX_CACHE_DIR=str(blocked / "cache"), TMPDIR=str(temp)
     )
     assert facts["decision"] == "patched"
     assert facts["file"].startswith("<") and facts["code_file"] == facts["file"]

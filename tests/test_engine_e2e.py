@@ -77,7 +77,7 @@ def test_stock_cpu_build_cannot_run_any_speculative_method(engine) -> None:
 @pytest.mark.parametrize("mode", [pytest.param("eager", marks=pytest.mark.long), "compile"])
 def test_without_the_fix_the_bug_crashes(engine, mode: str) -> None:
     """Proves the test reproduces the bug: the deepseek fix off, the sampler fix on."""
-    unfixed = engine("import", "1,2,4", mode, VLLM_HOTFIX_DISABLE="deepseek-final-aux")
+    unfixed = engine("import", "1,2,4", mode, VLLMHOTFIX_DISABLE="deepseek-final-aux")
     assert not unfixed["result"]["ok"]
     assert unfixed["root_cause"].startswith(f"RuntimeError: {BUG_MESSAGE}"), unfixed["root_cause"]
     assert "decision='disabled'" in unfixed["log"]
@@ -108,7 +108,7 @@ def test_default_compilation_is_fixed(engine) -> None:
 
 def test_silent_corruption_case_gets_the_right_layer(engine) -> None:
     """Ids [2, 4] on 4 layers: 0.24.0 raises nothing and writes layer 2's state into layer 4's slot."""
-    unfixed = engine("import", "2,4", VLLM_HOTFIX_DISABLE="deepseek-final-aux")
+    unfixed = engine("import", "2,4", VLLMHOTFIX_DISABLE="deepseek-final-aux")
     upstream = engine("stock", "2,4", version=FIXED)
     fixed = engine("plugin", "2,4")
     assert unfixed["result"]["ok"], "0.24.0 runs the silent case without an error"

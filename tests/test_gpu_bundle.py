@@ -3,7 +3,7 @@
 Offline: slim wheels keep exactly the chosen members with a valid RECORD; pack → parts → stage →
 assemble gives back the same bytes (sha256 of the archive and of every file), and refuses a changed
 part; the runbook's `run` calls fit the tool's limits; the checks' comparisons pass on agreeing
-runs and fail on each kind of disagreement. With the network and VLLM_HOTFIX_GPU_DRY_RUN=1: the
+runs and fail on each kind of disagreement. With the network and VLLMHOTFIX_GPU_DRY_RUN=1: the
 whole dry run (`bash gpu/prepare.sh --dry-run`: minutes, ~2 GB of downloads the first time).
 """
 
@@ -243,7 +243,7 @@ def test_the_recorded_h200_reports_pass_the_kits_cuda_graph_check() -> None:
 def test_the_warm_runs_window_outlives_it_and_must_report_at_the_end() -> None:
     from gpu import check_v2 as g
 
-    assert int(g.LONG_WINDOW["VLLM_HOTFIX_VERIFY"]) > 3 > int(g.GPU["VLLM_HOTFIX_VERIFY"])
+    assert int(g.LONG_WINDOW["VLLMHOTFIX_VERIFY"]) > 3 > int(g.GPU["VLLMHOTFIX_VERIFY"])
     for notes, failed in (([g.RUN_ENDED], 0), ([None], 1), ([], 1)):
         report = g.Report()
         g.check_run_end(report, {g.WARM: [{"rank": 0, "note": n} for n in notes]}, g.WARM)
@@ -326,8 +326,8 @@ def test_gpu_env_online_commands_build_the_layout_testenv_runs(tmp_path: Path) -
 @pytest.mark.network
 @pytest.mark.vllm
 @pytest.mark.skipif(
-    os.environ.get("VLLM_HOTFIX_GPU_DRY_RUN") != "1",
-    reason="the GPU bundle's dry run downloads ~2 GB and takes many minutes: VLLM_HOTFIX_GPU_DRY_RUN=1",
+    os.environ.get("VLLMHOTFIX_GPU_DRY_RUN") != "1",
+    reason="the GPU bundle's dry run downloads ~2 GB and takes many minutes: VLLMHOTFIX_GPU_DRY_RUN=1",
 )
 def test_gpu_dry_run(testenv) -> None:
     done = subprocess.run(
@@ -350,9 +350,7 @@ def test_the_oracle_hooks_trace_into_vllms_compiled_forward(testenv, tiny_checkp
     from harness.testenv import BUG
     from harness.ways_in import Ways
 
-    run = Ways(testenv, tiny_checkpoint, tmp_path).run(
-        "plugin", g.IDS, "compile", BUG, VLLM_HOTFIX_ORACLE="1"
-    )
+    run = Ways(testenv, tiny_checkpoint, tmp_path).run("plugin", g.IDS, "compile", BUG, VLLMHOTFIX_ORACLE="1")
     assert run["result"]["ok"], run["log"][-4000:]
     report = g.Report()
     g.compare_states(report, "cpu", run, None, None)

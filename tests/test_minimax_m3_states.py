@@ -87,7 +87,7 @@ def m3_runs(testenv, tmp_path_factory) -> dict[tuple[str, int], list[dict[str, A
         # this fix's evidence on its own: shared-capture-id0 copies id 0 (and the final id the fix
         # captures with residual None) in the shared helper too, which would hide stock's alias
         result = testenv.run(
-            args, version=version, hotfix=True, timeout=600, VLLM_HOTFIX_DISABLE="shared-capture-id0"
+            args, version=version, hotfix=True, timeout=600, VLLMHOTFIX_DISABLE="shared-capture-id0"
         )
         assert result.returncode == 0, f"{version} TP={world}:\n{result.stderr[-6000:]}"
         return [torch.load(out / f"rank{r}.pt") for r in range(world)]

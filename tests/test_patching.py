@@ -28,7 +28,7 @@ class _FuncWrapper:
 @pytest.fixture
 def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     """A stand-in for vllm.utils.cpu_triton_utils, registered under its name in sys.modules."""
-    monkeypatch.setenv("VLLM_HOTFIX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "cpu_triton_utils.py"
     path.write_text(ORIGINAL)
     made = types.ModuleType(SAMPLER.module)

@@ -2,7 +2,7 @@
 
 Every release's verdict per fix, from the sources published: test_stored_sources.py (offline).
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
-VLLM_HOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
+VLLMHOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """vllm_hotfix.releases.table: the compatibility table in docs/verification.md, made from the verdicts.
 
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
-VLLM_HOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
+VLLMHOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
 """
 
 from __future__ import annotations

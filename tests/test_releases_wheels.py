@@ -2,7 +2,7 @@
 
 The unit tests serve a local zip from 127.0.0.1 (one server honours Range, one ignores it).
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
-VLLM_HOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
+VLLMHOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def test_hook_installs_the_vllm_trigger(hooked: str) -> None:
 
 
 def test_disable_makes_the_hook_import_nothing(hooked: str) -> None:
-    done = run(hooked, "import sys; print('vllm_hotfix' in sys.modules)", VLLM_HOTFIX_DISABLE="1")
+    done = run(hooked, "import sys; print('vllm_hotfix' in sys.modules)", VLLMHOTFIX_DISABLE="1")
     assert done.stdout.strip() == "False" and done.stderr == ""
 
 

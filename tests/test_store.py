@@ -267,7 +267,7 @@ def test_the_next_place_is_used_when_one_is_refused(shared: Path, victim: Path, 
 
 
 def test_the_base_the_user_gives_may_be_a_link(tmp_path: Path) -> None:
-    """VLLM_HOTFIX_CACHE_DIR (or TMPDIR) is the user's choice: a link there is followed."""
+    """VLLMHOTFIX_CACHE_DIR (or TMPDIR) is the user's choice: a link there is followed."""
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
@@ -336,10 +336,10 @@ def test_a_refused_cache_dir_says_why_and_where_the_source_went(
     cache = tmp_path / "shared-cache"
     cache.mkdir()
     cache.chmod(0o777)  # writable by everyone, not sticky: another user could swap `generated`
-    fix = status(stand_in, shared, tmp_path, VLLM_HOTFIX_CACHE_DIR=str(cache))
+    fix = status(stand_in, shared, tmp_path, VLLMHOTFIX_CACHE_DIR=str(cache))
     assert fix["decision"] == "patched"
     assert Path(fix["generated_file"]).parent == own_dir(shared)
     (note,) = fix["notes"]
-    assert note.startswith(f"VLLM_HOTFIX_CACHE_DIR={cache} cannot hold generated sources")
+    assert note.startswith(f"VLLMHOTFIX_CACHE_DIR={cache} cannot hold generated sources")
     assert "writable by group or others and not sticky" in note and str(own_dir(shared)) in note
     assert not (cache / "generated").exists()

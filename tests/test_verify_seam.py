@@ -1,6 +1,6 @@
 """Where the check sits, decided by probing the loaded runner: recognised in the releases of the test
 environment (both of vLLM's model runners), `unknown` for anything else; installed only when
-VLLM_HOTFIX_VERIFY asks for it. And the checks of one step, each shown failing, on the real torch."""
+VLLMHOTFIX_VERIFY asks for it. And the checks of one step, each shown failing, on the real torch."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ print(json.dumps({"loaded": sorted(m for m in sys.modules if m.startswith("vllm_
 @pytest.mark.parametrize("version", [OLDEST, BUG, FIXED, NEWEST])
 def test_the_seam_is_recognised_in_both_runners(testenv, version: str, tmp_path: Path) -> None:
     done = testenv.run(
-        ["-c", RUNNERS], version=version, hotfix=True, VLLM_HOTFIX_VERIFY="1", VLLM_CACHE_ROOT=str(tmp_path)
+        ["-c", RUNNERS], version=version, hotfix=True, VLLMHOTFIX_VERIFY="1", VLLM_CACHE_ROOT=str(tmp_path)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.splitlines()[-1])
@@ -173,27 +173,27 @@ def test_the_key_changes_with_the_checks_code(monkeypatch, tmp_path) -> None:
 def test_switches() -> None:
     read = verify_settings.read
     TIMEOUT, TOKENS = verify_settings.TIMEOUT_VAR, verify_settings.TOKENS_VAR
-    assert read({}).steps == 0 and read({"VLLM_HOTFIX_VERIFY": "off"}).steps == 0
-    assert read({"VLLM_HOTFIX_VERIFY": "1"}).steps == 8 and read({"VLLM_HOTFIX_VERIFY": "yes"}).steps == 8
-    assert read({"VLLM_HOTFIX_VERIFY": "20"}).steps == 20
-    bad = read({"VLLM_HOTFIX_VERIFY": "-3"})
-    assert bad.steps == 0 and "VLLM_HOTFIX_VERIFY='-3' is not valid" in (bad.problem or "")
-    assert read({"VLLM_HOTFIX_VERIFY_REPORT": "/x"}).report_dir == "/x"
-    assert read({"VLLM_HOTFIX_VERIFY": "1"}).timeout_s == 60.0
-    assert read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TIMEOUT": "2.5"}).timeout_s == 2.5
+    assert read({}).steps == 0 and read({"VLLMHOTFIX_VERIFY": "off"}).steps == 0
+    assert read({"VLLMHOTFIX_VERIFY": "1"}).steps == 8 and read({"VLLMHOTFIX_VERIFY": "yes"}).steps == 8
+    assert read({"VLLMHOTFIX_VERIFY": "20"}).steps == 20
+    bad = read({"VLLMHOTFIX_VERIFY": "-3"})
+    assert bad.steps == 0 and "VLLMHOTFIX_VERIFY='-3' is not valid" in (bad.problem or "")
+    assert read({"VLLMHOTFIX_VERIFY_REPORT": "/x"}).report_dir == "/x"
+    assert read({"VLLMHOTFIX_VERIFY": "1"}).timeout_s == 60.0
+    assert read({"VLLMHOTFIX_VERIFY": "1", "VLLMHOTFIX_VERIFY_TIMEOUT": "2.5"}).timeout_s == 2.5
     for wrong in ("0", "-1", "soon", "inf"):
-        slow = read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TIMEOUT": wrong})
+        slow = read({"VLLMHOTFIX_VERIFY": "1", "VLLMHOTFIX_VERIFY_TIMEOUT": wrong})
         assert slow.steps == 8 and slow.timeout_s == 60.0, wrong
-        assert f"VLLM_HOTFIX_VERIFY_TIMEOUT={wrong!r} is not valid" in (slow.problem or ""), wrong
-    assert read({"VLLM_HOTFIX_VERIFY": "1"}).tokens == 4096
-    assert read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TOKENS": "64"}).tokens == 64
+        assert f"VLLMHOTFIX_VERIFY_TIMEOUT={wrong!r} is not valid" in (slow.problem or ""), wrong
+    assert read({"VLLMHOTFIX_VERIFY": "1"}).tokens == 4096
+    assert read({"VLLMHOTFIX_VERIFY": "1", "VLLMHOTFIX_VERIFY_TOKENS": "64"}).tokens == 64
     for wrong in ("0", "-1", "2.5", "all", "inf"):
-        cut = read({"VLLM_HOTFIX_VERIFY": "1", "VLLM_HOTFIX_VERIFY_TOKENS": wrong})
+        cut = read({"VLLMHOTFIX_VERIFY": "1", "VLLMHOTFIX_VERIFY_TOKENS": wrong})
         assert cut.steps == 8 and cut.tokens == 4096, wrong
-        assert f"VLLM_HOTFIX_VERIFY_TOKENS={wrong!r} is not valid" in (cut.problem or ""), wrong
-    both = read({"VLLM_HOTFIX_VERIFY": "1", TIMEOUT: "x", TOKENS: "y"})
+        assert f"VLLMHOTFIX_VERIFY_TOKENS={wrong!r} is not valid" in (cut.problem or ""), wrong
+    both = read({"VLLMHOTFIX_VERIFY": "1", TIMEOUT: "x", TOKENS: "y"})
     problem = both.problem or ""
-    assert "VLLM_HOTFIX_VERIFY_TIMEOUT='x'" in problem and "VLLM_HOTFIX_VERIFY_TOKENS='y'" in problem
+    assert "VLLMHOTFIX_VERIFY_TIMEOUT='x'" in problem and "VLLMHOTFIX_VERIFY_TOKENS='y'" in problem
 
 
 def test_default_ids_are_the_eagle3_convention_plus_the_final_layer() -> None:

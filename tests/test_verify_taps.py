@@ -152,7 +152,7 @@ def test_a_planted_fault_fails_its_ids(fault: str, form: str) -> None:
 
 
 def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
-    """VLLM_HOTFIX_VERIFY_TOKENS caps what a step holds and sends (the taps keep `max_tokens` rows,
+    """VLLMHOTFIX_VERIFY_TOKENS caps what a step holds and sends (the taps keep `max_tokens` rows,
     the step compares its first `max_tokens` tokens): a planted fault there still FAILs its ids, a
     correct step is ok, and the report and line say how many of the step's tokens were compared."""
     model = Backbone()
@@ -163,7 +163,7 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
     assert good.ok and good.checked == 4 and {e["status"] for e in good.per_id} == {"ok"}, good.per_id
     window = _window(good)
     assert window.summary()["tokens"] == [TOKENS] and window.summary()["checked_tokens"] == [4]
-    assert f"compared-first-tokens=4/{TOKENS} in 1 long step(s) (VLLM_HOTFIX_VERIFY_TOKENS)" in window.line()
+    assert f"compared-first-tokens=4/{TOKENS} in 1 long step(s) (VLLMHOTFIX_VERIFY_TOKENS)" in window.line()
     plant, expected = PLANTED["off-by-one"]
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))

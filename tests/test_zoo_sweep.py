@@ -129,7 +129,7 @@ def test_the_in_place_variants_ask_for_id_0_and_put_the_emulation_first() -> Non
         at = variant.engine_args.index("--ir-op-priority")
         priority = json.loads(variant.engine_args[at + 1])
         assert priority == {"fused_add_rms_norm": ["gpu_inplace_emulation", "native"]}
-    assert zoo.VARIANTS["inplace-fix-off"].env == (("VLLM_HOTFIX_DISABLE", "shared-capture-id0"),)
+    assert zoo.VARIANTS["inplace-fix-off"].env == (("VLLMHOTFIX_DISABLE", "shared-capture-id0"),)
     assert zoo.VARIANTS["inplace-fix-off"].fail_ids == (0,) and not zoo.VARIANTS["inplace"].fail_ids
 
 
@@ -218,7 +218,7 @@ def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Pa
     assert [r["row"]["variant"] for r in zoo.load_rows(tmp_path)] == ["", "inplace", off]
     table = zoo_table(tmp_path)
     assert "| LlamaForCausalLM | compiled, TP=1, in-place norms (the GPU's in-place add-RMSNorm" in table
-    assert "`VLLM_HOTFIX_DISABLE=shared-capture-id0`; expected: FAIL on id 0 alone)" in table
+    assert "`VLLMHOTFIX_DISABLE=shared-capture-id0`; expected: FAIL on id 0 alone)" in table
     assert "| FAIL (exit 1) | 0 FAIL 0.5, 1 ok 0.003, 2 ok 0.003, 4 ok 0.003 |" in table
 
 

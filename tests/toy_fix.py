@@ -47,7 +47,7 @@ TOY = ToyFix()
 def load(tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """`source` as the module TOY targets, from a real file (decide reads the function's source),
     for the length of the test; generated sources go under `tmp_path`."""
-    monkeypatch.setenv("VLLM_HOTFIX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delitem(sys.modules, "vllm", raising=False)  # no vLLM version to cross-check
     path = tmp_path / "toy_target.py"
     path.write_text(source)

@@ -19,7 +19,7 @@ __all__ = ["__version__", "apply", "remove", "status"]
 _TRIGGER = "vllm"
 # containment.STRICT_VAR and STRICT_WORDS, read here with nothing imported: arming must not break
 # the host even when containment.py itself is what is broken (tests/test_containment.py compares them).
-_STRICT_VAR = "VLLM_HOTFIX_STRICT"
+_STRICT_VAR = "VLLMHOTFIX_STRICT"
 _STRICT_WORDS = ("1", "true", "yes", "on", "all")
 
 
@@ -69,8 +69,8 @@ class _VllmImportTrigger:
 
 
 def _verify_requested() -> bool:
-    """VLLM_HOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
-    return _os.environ.get("VLLM_HOTFIX_VERIFY", "").strip().lower() not in (
+    """VLLMHOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
+    return _os.environ.get("VLLMHOTFIX_VERIFY", "").strip().lower() not in (
         "",
         "0",
         "false",

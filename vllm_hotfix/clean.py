@@ -4,7 +4,7 @@ Each combination of vLLM install, fix and hotfix version writes its own generate
 its content hash) and nothing else ever removes one, so they accumulate. A file is used when a
 process writes it or finds it and reuses it (which sets its modification time to now, store.py),
 so its age says when a process last started with it. `clean()` removes, from this user's places
-for generated sources (`patching.generated_dirs()`: the same VLLM_HOTFIX_CACHE_DIR, XDG_CACHE_HOME
+for generated sources (`patching.generated_dirs()`: the same VLLMHOTFIX_CACHE_DIR, XDG_CACHE_HOME
 and TMPDIR as the vLLM processes give the same places), the files older than a number of days,
 or all of them, except those this process itself uses. It goes through the store: only regular
 files of this user named as generated sources are removed, only in directories that pass the

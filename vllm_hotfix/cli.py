@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Removes this user's generated sources (the fixed functions' files, one per vLLM"
         " install, fix and hotfix version) that no process has written or reused for DAYS days,"
         " except those this process uses; only regular files named as generated sources, in the"
-        " package's own directories, never through a link. Run it with the VLLM_HOTFIX_CACHE_DIR,"
+        " package's own directories, never through a link. Run it with the VLLMHOTFIX_CACHE_DIR,"
         " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 1 when a place could not be"
         " checked or a file could not be removed.",
     )

@@ -1,5 +1,5 @@
 """Error containment: no error of the hotfix reaches the host (vLLM's import, start-up or model
-runner) unless strict mode (VLLM_HOTFIX_STRICT) asks for it.
+runner) unless strict mode (VLLMHOTFIX_STRICT) asks for it.
 
 A leaf module: it imports nothing from the package, so deciding whether an error may reach the
 host cannot fail because another module is broken (settings.py, which parses the switches fully,
@@ -16,12 +16,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-STRICT_VAR = "VLLM_HOTFIX_STRICT"
+STRICT_VAR = "VLLMHOTFIX_STRICT"
 STRICT_WORDS = ("1", "true", "yes", "on", "all")  # settings.TRUE_WORDS, without importing settings
 
 
 def strict_requested() -> bool:
-    """Whether VLLM_HOTFIX_STRICT asks for errors to be raised; never raises itself."""
+    """Whether VLLMHOTFIX_STRICT asks for errors to be raised; never raises itself."""
     try:
         return os.environ.get(STRICT_VAR, "").strip().lower() in STRICT_WORDS
     except Exception:

@@ -18,7 +18,7 @@ class Decision(str, enum.Enum):
     FIXED_UPSTREAM = "fixed upstream"
     NOT_AFFECTED = "not affected"
     UNKNOWN = "unknown"  # not a shape the fix knows: left alone
-    DISABLED = "disabled"  # VLLM_HOTFIX_DISABLE
+    DISABLED = "disabled"  # VLLMHOTFIX_DISABLE
     FAILED = "failed"  # an error while patching: left alone
     REMOVED = "removed"  # restored by remove()
     PENDING = "pending"  # the fix's module is not imported in this process yet

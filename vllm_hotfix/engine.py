@@ -29,7 +29,7 @@ logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's ha
 
 
 class HotfixError(RuntimeError):
-    """Raised only in strict mode (VLLM_HOTFIX_STRICT=1) when a fix could not be applied."""
+    """Raised only in strict mode (VLLMHOTFIX_STRICT=1) when a fix could not be applied."""
 
 
 @dataclass(frozen=True)

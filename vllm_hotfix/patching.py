@@ -98,7 +98,7 @@ def _place_notes(places: list[store.Place], filename: str) -> list[str]:
         tried = "; ".join(f"{place.path}: {store.problem(place)}" for place in places)
         return [
             f"no usable directory for the generated source ({tried}): compile caches cannot tell this"
-            " fix apart from other revisions; set VLLM_DISABLE_COMPILE_CACHE=1, or VLLM_HOTFIX_CACHE_DIR"
+            " fix apart from other revisions; set VLLM_DISABLE_COMPILE_CACHE=1, or VLLMHOTFIX_CACHE_DIR"
             " to a directory of yours"
         ]
     explicit = os.environ.get(settings_mod.CACHE_DIR_VAR)

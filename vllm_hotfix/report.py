@@ -61,7 +61,7 @@ def fix_statuses() -> list[dict[str, Any]]:
 
 
 def verify_status() -> dict[str, Any]:
-    """The in-worker check as this environment sets it (VLLM_HOTFIX_VERIFY): on or off, its window,
+    """The in-worker check as this environment sets it (VLLMHOTFIX_VERIFY): on or off, its window,
     where reports go, and any settings problem. Read without torch or vLLM."""
     from vllm_hotfix.verify import settings as verify_settings
 
@@ -115,13 +115,13 @@ def format_text(status: dict[str, Any]) -> str:
     lines += [f"settings problem: {problem}" for problem in settings["problems"]]
     verify = status["verify"]
     if verify["on"]:
-        where = verify["report_dir"] or "none (VLLM_HOTFIX_VERIFY_REPORT unset: log lines only)"
+        where = verify["report_dir"] or "none (VLLMHOTFIX_VERIFY_REPORT unset: log lines only)"
         lines.append(
             f"verify: on, the first {verify['steps']} steps that carry aux states (each on its first"
             f" {verify['tokens']} tokens at most); reports: {where}"
         )
     else:
-        lines.append("verify: off (VLLM_HOTFIX_VERIFY=1 checks the aux states in every vLLM worker)")
+        lines.append("verify: off (VLLMHOTFIX_VERIFY=1 checks the aux states in every vLLM worker)")
     if verify["problem"]:
         lines.append(f"settings problem: {verify['problem']}")
     for fix in status["fixes"]:

@@ -7,12 +7,19 @@ and the safe default is used instead. Strict mode turns them into errors.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-DISABLE_VAR = "VLLM_HOTFIX_DISABLE"
-STRICT_VAR = "VLLM_HOTFIX_STRICT"
-FORCE_VAR = "VLLM_HOTFIX_FORCE"
-CACHE_DIR_VAR = "VLLM_HOTFIX_CACHE_DIR"
+# Every switch of this package starts with PREFIX. vLLM treats every `VLLM_` name as its own (it
+# warns about each one it does not know, and refuses to start under --fail-on-environ-validation),
+# so the package's names stay out of that namespace; a name of the old prefix still set is reported
+# with its new name instead of being read.
+PREFIX = "VLLMHOTFIX_"
+OLD_PREFIX = "VLLM_HOTFIX_"
+DISABLE_VAR = "VLLMHOTFIX_DISABLE"
+STRICT_VAR = "VLLMHOTFIX_STRICT"
+FORCE_VAR = "VLLMHOTFIX_FORCE"
+CACHE_DIR_VAR = "VLLMHOTFIX_CACHE_DIR"
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "all"})
 FALSE_WORDS = frozenset({"", "0", "false", "no", "off", "none"})
@@ -32,10 +39,21 @@ class Settings:
         return self.disable_all or fix_id in self.disabled_ids
 
 
-def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None = None) -> Settings:
-    """Parse VLLM_HOTFIX_DISABLE, VLLM_HOTFIX_STRICT and VLLM_HOTFIX_FORCE; never raises."""
+def renamed_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per variable of the old prefix still set: it is not read; its new name is said."""
     env = os.environ if environ is None else environ
-    problems: list[str] = []
+    return [
+        f"{name} is no longer read: rename it to {PREFIX}{name[len(OLD_PREFIX) :]}"
+        " (vLLM claims every VLLM_ name)"
+        for name in sorted(env)
+        if name.startswith(OLD_PREFIX)
+    ]
+
+
+def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None = None) -> Settings:
+    """Parse VLLMHOTFIX_DISABLE, VLLMHOTFIX_STRICT and VLLMHOTFIX_FORCE; never raises."""
+    env = os.environ if environ is None else environ
+    problems: list[str] = renamed_variables(env)
 
     strict_raw = env.get(STRICT_VAR, "")
     strict_word = strict_raw.strip().lower()
@@ -82,7 +100,7 @@ def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None
 
 def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, ...]]:
     """The cache directory as (a base used as given, the directories this package creates in it):
-    (VLLM_HOTFIX_CACHE_DIR, ()), else (the user's cache directory, ("vllm-hotfix",))."""
+    (VLLMHOTFIX_CACHE_DIR, ()), else (the user's cache directory, ("vllm-hotfix",))."""
     env = os.environ if environ is None else environ
     explicit = env.get(CACHE_DIR_VAR)
     if explicit:
@@ -92,6 +110,6 @@ def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, .
 
 
 def cache_dir(environ: dict[str, str] | None = None) -> str:
-    """Where generated sources live: VLLM_HOTFIX_CACHE_DIR, else the user's cache directory."""
+    """Where generated sources live: VLLMHOTFIX_CACHE_DIR, else the user's cache directory."""
     base, parts = cache_root(environ)
     return os.path.join(base, *parts)

@@ -3,7 +3,7 @@
 For processes that vLLM does not manage (so its plugin mechanism does not run), or where
 VLLM_PLUGINS filters the plugin out. A `.pth` file is used rather than a sitecustomize module so
 that a user's own sitecustomize is never overwritten. Its one line does nothing when
-VLLM_HOTFIX_DISABLE turns every fix off, imports only the tiny package front otherwise (the
+VLLMHOTFIX_DISABLE turns every fix off, imports only the tiny package front otherwise (the
 engine waits for `import vllm`), and degrades to one short warning line if the package is gone.
 """
 

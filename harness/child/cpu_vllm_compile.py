@@ -80,6 +80,6 @@ def keep_mode(cpu: Any = None) -> None:
 def enable() -> list[str]:
     """Make this process's vLLM keep VLLM_COMPILE on CPU; return the placeholder op names. An engine
     core or worker in another process needs the placeholders too (harness/child/sites/fault does
-    both, in every process, with VLLM_HOTFIX_TEST_VLLM_COMPILE=1)."""
+    both, in every process, with VLLMHOTFIX_TEST_VLLM_COMPILE=1)."""
     keep_mode()
     return register_missing_placeholder_ops()

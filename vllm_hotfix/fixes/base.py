@@ -30,7 +30,7 @@ class Probe:
 class Fix(ABC):
     """One repair of one function. Subclasses set the class attributes and the two methods."""
 
-    fix_id: str  # stable, used in VLLM_HOTFIX_DISABLE, logs and markers
+    fix_id: str  # stable, used in VLLMHOTFIX_DISABLE, logs and markers
     title: str
     module: str  # the module whose import triggers the fix
     owner: str | None  # class that holds the function, or None for a module-level function

@@ -1,11 +1,11 @@
-"""The in-worker check of the aux hidden states (VLLM_HOTFIX_VERIFY), and `vllm-hotfix verify`.
+"""The in-worker check of the aux hidden states (VLLMHOTFIX_VERIFY), and `vllm-hotfix verify`.
 
 Wrong aux states are silent: a draft or a training set built from them is simply worse. So, when a
 user asks for it, every vLLM worker checks the states its model hands to the runner, for the first
 few steps, and logs one verdict line per process:
 
-- `settings.py`: the switches (VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT,
-  VLLM_HOTFIX_VERIFY_TIMEOUT, and the run id VLLM_HOTFIX_VERIFY_RUN_ID set by the command), read
+- `settings.py`: the switches (VLLMHOTFIX_VERIFY, VLLMHOTFIX_VERIFY_REPORT,
+  VLLMHOTFIX_VERIFY_TIMEOUT, and the run id VLLMHOTFIX_VERIFY_RUN_ID set by the command), read
   without torch;
 - `checks.py`: the checks of one step (count and shape, ranks agree, finite, final id), with torch;
 - `exchange.py`: the one exchange per checked step between the TP ranks (CPU group, deadline,

@@ -98,7 +98,7 @@ def _steps(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of steps") from None
-    if value < 2:  # VLLM_HOTFIX_VERIFY=1 means the default window, not one step
+    if value < 2:  # VLLMHOTFIX_VERIFY=1 means the default window, not one step
         raise argparse.ArgumentTypeError(f"{text!r}: check at least 2 steps")
     return value
 
@@ -621,12 +621,12 @@ def add_parser(commands: Any) -> None:
         allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of one of ours
         help="start vLLM on MODEL with the aux-state check on and say whether the states are right",
         usage="vllm-hotfix verify MODEL [options] [-- ENGINE ARGS (any `vllm serve` flag)]",
-        description="Starts vLLM with the check on (VLLM_HOTFIX_VERIFY) and extract_hidden_states (or"
+        description="Starts vLLM with the check on (VLLMHOTFIX_VERIFY) and extract_hidden_states (or"
         " your own --speculative-config), runs prompts of each length in each batch size, and prints"
         " the verdict of vLLM's own workers for this run, per rank, per check and per id. Exit codes:"
         " 0 PASS, 1 FAIL, 2 nothing could be checked, 3 the command or vLLM failed. Engine arguments"
         " (after `--`, or any flag this command does not know) go unchanged to the installed vLLM's"
-        " own parser, e.g. `-- --tensor-parallel-size 8 --quantization fp8`. VLLM_HOTFIX_STRICT=1"
+        " own parser, e.g. `-- --tensor-parallel-size 8 --quantization fp8`. VLLMHOTFIX_STRICT=1"
         " stops the engine at the first failed check.",
     )
     verify.error = _usage_error(verify)  # type: ignore[method-assign]

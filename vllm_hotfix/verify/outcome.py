@@ -125,7 +125,7 @@ def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str |
             )
         problems += _problems_of(report)
     if error is not None and any(r.get("stops_run") for r in ours):
-        # the check's own strict stop (VLLM_HOTFIX_STRICT=1), not a failure of vLLM: its verdict stands
+        # the check's own strict stop (VLLMHOTFIX_STRICT=1), not a failure of vLLM: its verdict stands
         reason = (problems[0] if problems else "the check could not complete") + (
             f"; then strict mode stopped vLLM: {error}"
         )

@@ -23,7 +23,7 @@ rank's error, an exchange past its deadline, ranks armed differently), the origi
 and no flag test.
 Every stage of a step, from building the `_Step` record on, is inside a try, so a rank that raised
 still joins the step's exchange (exchange.py). The check never writes a state or a token; it
-raises into vLLM only under VLLM_HOTFIX_STRICT=1, when a check failed or could not complete, on
+raises into vLLM only under VLLMHOTFIX_STRICT=1, when a check failed or could not complete, on
 every rank together, after the exchange.
 """
 
@@ -74,7 +74,7 @@ TOKEN_SOURCES = (("scheduler_output", "total_num_scheduled_tokens"), ("input_bat
 
 
 class VerifyError(RuntimeError):
-    """Raised into vLLM only in strict mode (VLLM_HOTFIX_STRICT=1), when a check failed."""
+    """Raised into vLLM only in strict mode (VLLMHOTFIX_STRICT=1), when a check failed."""
 
 
 _lock = threading.RLock()
@@ -232,7 +232,7 @@ class _Step:
         )
 
         # the most tokens of a step the check compares: the scheduler's most tokens per step, at most
-        # VLLM_HOTFIX_VERIFY_TOKENS (a longer step is compared on its first ones; each step's exchange
+        # VLLMHOTFIX_VERIFY_TOKENS (a longer step is compared on its first ones; each step's exchange
         # is sized by the tokens it compares, checks.check_step)
         scheduler = getattr(getattr(runner, "vllm_config", None), "scheduler_config", None)
         most = getattr(runner, "max_num_tokens", None) or getattr(scheduler, "max_num_batched_tokens", None)
@@ -622,7 +622,7 @@ def _keyed_compile_cache() -> None:
 
 
 def arm() -> None:
-    """Arm the check when VLLM_HOTFIX_VERIFY asks for it: a post-import hook per runner module."""
+    """Arm the check when VLLMHOTFIX_VERIFY asks for it: a post-import hook per runner module."""
     global _hooked, _window
     found = verify_settings.read()
     if found.problem:

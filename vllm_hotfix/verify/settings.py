@@ -1,5 +1,5 @@
-"""VLLM_HOTFIX_VERIFY, VLLM_HOTFIX_VERIFY_REPORT, VLLM_HOTFIX_VERIFY_TIMEOUT,
-VLLM_HOTFIX_VERIFY_TOKENS and VLLM_HOTFIX_VERIFY_RUN_ID, read once per process; never raises.
+"""VLLMHOTFIX_VERIFY, VLLMHOTFIX_VERIFY_REPORT, VLLMHOTFIX_VERIFY_TIMEOUT,
+VLLMHOTFIX_VERIFY_TOKENS and VLLMHOTFIX_VERIFY_RUN_ID, read once per process; never raises.
 
 Off by default: the check exchanges a small fingerprint over the tensor-parallel group on each
 checked step, which a user must ask for.
@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 from vllm_hotfix import settings as settings_mod
 
-VERIFY_VAR = "VLLM_HOTFIX_VERIFY"
-REPORT_VAR = "VLLM_HOTFIX_VERIFY_REPORT"
-TIMEOUT_VAR = "VLLM_HOTFIX_VERIFY_TIMEOUT"
+VERIFY_VAR = "VLLMHOTFIX_VERIFY"
+REPORT_VAR = "VLLMHOTFIX_VERIFY_REPORT"
+TIMEOUT_VAR = "VLLMHOTFIX_VERIFY_TIMEOUT"
 # Set by `vllm-hotfix verify` to a fresh value per run and written into every worker's report, so
 # that a report left in the directory by an earlier run is never counted as this run's.
-RUN_ID_VAR = "VLLM_HOTFIX_VERIFY_RUN_ID"
+RUN_ID_VAR = "VLLMHOTFIX_VERIFY_RUN_ID"
 DEFAULT_STEPS = 8
 # The deadline of one exchange between the ranks (seconds). The ranks enter it right after the same
 # forward (whose all-reduces keep them together), so a wait near it means a rank stalled or is not
 # checking; vLLM's own RPC timeout (300 s) is far above it.
 DEFAULT_TIMEOUT_S = 60.0
-TOKENS_VAR = "VLLM_HOTFIX_VERIFY_TOKENS"
+TOKENS_VAR = "VLLMHOTFIX_VERIFY_TOKENS"
 # The most tokens of one step the check compares (a longer step: its first ones). It bounds what
 # the check holds whatever the scheduler's max_num_batched_tokens: the taps' buffers (1 MiB at 4
 # ids) and a step's exchange (about 1.6 MB sent per rank at 4 ids, 13 MB received at TP=8), where a

@@ -427,7 +427,7 @@ def attach(
     layers); None when it has no decoder layers to tap. Only this rank's layers (start_layer ..
     end_layer under pipeline parallelism) are tapped, and only where a requested id needs it.
     `eager`: the engine never compiles the model, so the hooks are removed after the window;
-    `max_tokens`: the rows a tap keeps (default: VLLM_HOTFIX_VERIFY_TOKENS)."""
+    `max_tokens`: the rows a tap keeps (default: VLLMHOTFIX_VERIFY_TOKENS)."""
     found = decoder_layers(model)
     if found is None:
         return None
@@ -654,7 +654,7 @@ def _most_checked() -> int:
 
 def _sizes(model: Any) -> tuple[int, int] | None:
     """(hidden size, most tokens a step's check compares: the scheduler's most tokens per step, at
-    most VLLM_HOTFIX_VERIFY_TOKENS) from vLLM's current config, else the model's config."""
+    most VLLMHOTFIX_VERIFY_TOKENS) from vLLM's current config, else the model's config."""
     max_tokens = _most_checked()
     try:
         from vllm.config import get_current_vllm_config

