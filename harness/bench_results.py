@@ -36,8 +36,8 @@ BENCHMARKS = (
     "verify_startup",
 )
 
-# The files whose code a benchmark measures (repository paths): each result records their digests,
-# and tests/test_bench_table.py fails when one changed after the result was measured (re-run it).
+# The files whose code a benchmark measures (repository paths): each result records their digests;
+# a result whose files changed since is stale (marked in the table, a warning in the tests).
 SOURCES: dict[str, tuple[str, ...]] = {
     "startup": (
         "vllm_hotfix/__init__.py",
@@ -83,13 +83,18 @@ def digests(paths: Sequence[str], repo: Path = REPO) -> dict[str, str]:
     return {path: hashlib.sha256((repo / path).read_bytes()).hexdigest()[:16] for path in paths}
 
 
-def stale_sources(result: dict[str, object], repo: Path = REPO) -> list[str]:
-    """The measured files that changed since the result was written (none for a result that
-    records no sources)."""
+def stale_sources(result: dict[str, object], name: str | None = None, repo: Path = REPO) -> list[str]:
+    """The measured files that changed since the result was written: a file whose digest differs,
+    and, for benchmark `name`, a file it measures now that the result did not record (or one it no
+    longer measures). Such a result is stale: marked in the table, warned about by the tests, re-run
+    before a release (docs/releasing.md), never a failing test."""
     recorded = result.get("sources") or {}
     assert isinstance(recorded, dict)
-    now = digests(list(recorded), repo)
-    return [path for path, digest in recorded.items() if now[path] != digest]
+    wanted = set(SOURCES.get(name, ())) if name is not None else set(recorded)
+    present = [path for path in recorded if (repo / path).exists()]
+    now = digests(present, repo)
+    changed = {path for path, digest in recorded.items() if now.get(path) != digest}
+    return sorted(changed | (wanted ^ set(recorded)))
 
 
 def commit(repo: Path = REPO) -> str | None:
@@ -164,6 +169,7 @@ class Recorder:
         figures: dict[str, object],
         versions: dict[str, str],
         results_dir: Path = RESULTS_DIR,
+        repo: Path = REPO,
     ) -> Path:
         """Print the rows and write them with the raw figures to RESULTS_DIR/NAME.json."""
         for row in rows:
@@ -179,7 +185,7 @@ class Recorder:
             "rows": [asdict(row) for row in rows],
             "figures": figures,
             "commit": commit(),
-            "sources": digests(SOURCES.get(self.name, ())),
+            "sources": digests(SOURCES.get(self.name, ()), repo),
         }
         results_dir.mkdir(parents=True, exist_ok=True)
         path = results_dir / f"{self.name}.json"

@@ -11,10 +11,11 @@ and what was never run shows as "not measured" or "not run yet".
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from harness.bench_results import BENCHMARKS, RESULTS_DIR
+from harness.bench_results import BENCHMARKS, REPO, RESULTS_DIR, stale_sources
 from harness.matrix import ENGINE_MODES, MATRIX_DIR, MODES, RELEASES, Row, engine_level, mode_key
 from harness.zoo import FAMILIES, ZOO_DIR, load_rows
 from harness.zoo import Row as ZooRow
@@ -24,6 +25,13 @@ from vllm_hotfix.releases.marked_block import block_in, with_block
 BENCHMARK_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
 MATRIX_MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")
 ZOO_MARKERS = ("<!-- zoo:start -->", "<!-- zoo:end -->")
+# How the table marks a result whose measured code changed since it ran.
+STALE_MARK = re.compile(r"\*\*stale\*\* \([^)]*\); ")
+
+
+def without_stale_marks(table: str) -> str:
+    """The table as its result files give it, whatever the measured code is now."""
+    return STALE_MARK.sub("", table)
 
 
 def _load(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
@@ -36,14 +44,16 @@ def _load(results_dir: Path = RESULTS_DIR) -> dict[str, dict]:
     return found
 
 
-def benchmark_table(results_dir: Path = RESULTS_DIR) -> str:
-    """The benchmark block (between BENCHMARK_MARKERS), from the result files alone."""
+def benchmark_table(results_dir: Path = RESULTS_DIR, repo: Path = REPO) -> str:
+    """The benchmark block (between BENCHMARK_MARKERS), from the result files, each marked stale
+    where the code it measures changed since it ran."""
     results = _load(results_dir)
     lines = [
         "Generated from `benchmarks/results/*.json` by `python scripts/update_bench_table.py`; do not",
         "edit by hand. Each benchmark prints these figures and writes that file when it runs. Medians",
         "of repeated measurements in one run; a ratio is against a baseline measured in the same run,",
         "alternating with it, and its 95% confidence interval (CI) says which differences it can tell.",
+        "**stale**: the code it measures changed since it ran; benchmarks are re-run before a release.",
         "",
         "| what | figure | measured | command |",
         "|---|---|---|---|",
@@ -57,6 +67,9 @@ def benchmark_table(results_dir: Path = RESULTS_DIR) -> str:
         before, after = result["load_average"]
         versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
         when = f"{result['measured']}; {result['machine']}; {versions}; load average {before:g} -> {after:g}"
+        changed = stale_sources(result, name, repo)
+        if changed:
+            when = f"**stale** ({', '.join(changed)} changed since); {when}"
         for row in result["rows"]:
             lines.append(f"| {row['what']} | {row['figure']} | {when} | `{result['command']}` |")
     return "\n".join(lines) + "\n"

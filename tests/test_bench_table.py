@@ -4,13 +4,16 @@
 A benchmark prints its figures and writes them to benchmarks/results/NAME.json
 (harness/bench_results.py); `python scripts/update_bench_table.py` writes the table from those files
 (harness/tables.py).
-These tests fail when a figure in that file was edited by hand or a result file is incomplete.
+These tests fail when a figure in that file was edited by hand or a result file is incomplete. A
+result whose measured code changed since it ran is stale: marked in the table and reported here as
+a warning, never a failure (benchmarks are re-run before a release, docs/releasing.md).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from harness.tables import (
     matrix_table,
     table_in,
     with_table,
+    without_stale_marks,
     zoo_table,
 )
 
@@ -32,10 +36,17 @@ VERIFICATION = Path(__file__).resolve().parent.parent / "docs" / "verification.m
 
 
 def test_documented_table_is_the_one_the_result_files_give() -> None:
-    assert table_in(VERIFICATION.read_text(encoding="utf-8")) == benchmark_table(), (
+    documented, made = table_in(VERIFICATION.read_text(encoding="utf-8")), benchmark_table()
+    assert without_stale_marks(documented) == without_stale_marks(made), (
         "docs/verification.md's benchmark table differs from benchmarks/results/:"
         " run `python scripts/update_bench_table.py`"
     )
+    if documented != made:
+        warnings.warn(
+            "docs/verification.md's benchmark table marks other results stale than the code gives:"
+            " run `python scripts/update_bench_table.py`",
+            stacklevel=1,
+        )
 
 
 def test_documented_matrix_is_the_one_the_row_files_give() -> None:
@@ -78,22 +89,37 @@ def test_each_result_file_says_what_where_and_when(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(bench_results.SOURCES))
-def test_a_result_is_not_older_than_the_code_it_measures(name: str) -> None:
+def test_a_result_measured_on_older_code_is_reported_stale(name: str) -> None:
     path = RESULTS_DIR / f"{name}.json"
     result = json.loads(path.read_text(encoding="utf-8"))
-    assert set(result.get("sources") or {}) == set(bench_results.SOURCES[name]), (
-        f"{path.name} does not record the digests of the files it measures: re-run {result['command']}"
-    )
-    changed = bench_results.stale_sources(result)
-    assert not changed, f"{path.name} is stale ({', '.join(changed)} changed): re-run {result['command']}"
+    changed = bench_results.stale_sources(result, name)
+    if changed:  # a warning, never a failure: re-run before a release (docs/releasing.md)
+        message = f"{path.name} is stale ({', '.join(changed)} changed): {result['command']}"
+        warnings.warn(message, stacklevel=1)
 
 
-def test_a_changed_source_makes_its_result_stale(tmp_path: Path) -> None:
+def test_a_changed_source_makes_its_result_stale_and_the_table_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(bench_results.SOURCES, "startup", ("measured.py",))
     (tmp_path / "measured.py").write_text("x = 1\n", encoding="utf-8")
-    result = {"sources": bench_results.digests(["measured.py"], tmp_path)}
-    assert bench_results.stale_sources(result, tmp_path) == []
+    results = tmp_path / "results"
+    Recorder("startup", "bash scripts/bench.sh startup").write(
+        [Row("what it measured", "1 ms")], {"runs": 1}, {}, results_dir=results, repo=tmp_path
+    )
+    result = json.loads((results / "startup.json").read_text())
+    assert bench_results.stale_sources(result, "startup", tmp_path) == []
+    fresh = benchmark_table(results, repo=tmp_path)
+    assert "| what it measured | 1 ms | 20" in fresh
+
     (tmp_path / "measured.py").write_text("x = 2\n", encoding="utf-8")
-    assert bench_results.stale_sources(result, tmp_path) == ["measured.py"]
+    assert bench_results.stale_sources(result, "startup", tmp_path) == ["measured.py"]
+    stale = benchmark_table(results, repo=tmp_path)
+    assert "| what it measured | 1 ms | **stale** (measured.py changed since); 20" in stale
+    assert without_stale_marks(stale) == fresh
+    # a file the benchmark measures now that the result never recorded makes it stale too
+    monkeypatch.setitem(bench_results.SOURCES, "startup", ("measured.py", "added.py"))
+    assert bench_results.stale_sources(result, "startup", tmp_path) == ["added.py", "measured.py"]
 
 
 def test_a_recorded_result_is_what_the_table_shows(
