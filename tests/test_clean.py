@@ -120,7 +120,7 @@ def test_a_place_that_is_not_the_packages_own_is_not_touched(places: dict[str, P
     places["temp"].rmdir()
     places["temp"].symlink_to(victim)
     done = run_clean(places, "--all")
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert f"not checked (not the package's own, or unreadable): {places['temp']}" in done.stderr
     assert names(victim) == [OLD]
 

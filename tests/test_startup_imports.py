@@ -34,7 +34,7 @@ ADDED = (
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
     env.update(extra)
     return env
 

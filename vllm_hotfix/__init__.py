@@ -14,21 +14,30 @@ interpreter already has (os, sys): not even `__future__` or `typing` (tests/test
 import os as _os
 import sys as _sys
 
-__all__ = ["__version__", "apply", "remove", "status"]
+__all__ = ["HotfixError", "__version__", "apply", "remove", "status"]
 
 _TRIGGER = "vllm"
 # containment.STRICT_VAR and STRICT_WORDS, read here with nothing imported: arming must not break
 # the host even when containment.py itself is what is broken (tests/test_containment.py compares them).
 _STRICT_VAR = "VLLMHOTFIX_STRICT"
 _STRICT_WORDS = ("1", "true", "yes", "on", "all")
+# settings.SWITCHES and OLD_PREFIX (tests/test_settings.py compares them): with one of them set, the
+# switches are read at import, so that a bad value is reported at once, the same way everywhere.
+_SWITCHES = ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_STRICT", "VLLMHOTFIX_FORCE")
+_OLD_PREFIX = "VLLM_HOTFIX_"
 
 
 def __getattr__(name: str) -> object:
-    """`__version__`, read from _version.py (the one place it is written) when first asked for."""
+    """`__version__` (from _version.py, the one place it is written) and `HotfixError`, imported
+    when first asked for."""
     if name == "__version__":
         from vllm_hotfix._version import __version__
 
         return __version__
+    if name == "HotfixError":
+        from vllm_hotfix.errors import HotfixError
+
+        return HotfixError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -110,4 +119,26 @@ def _arm() -> None:
         _sys.meta_path.insert(0, _VllmImportTrigger())
 
 
+def _check_settings() -> None:
+    """A switch set: read the switches now (settings.check_at_import); nothing is imported when
+    none is. An error reaches the host only in strict mode."""
+    environ = _os.environ
+    if not any(name in environ for name in _SWITCHES) and not any(
+        name.startswith(_OLD_PREFIX) for name in environ
+    ):
+        return
+    try:
+        from vllm_hotfix import settings
+
+        settings.check_at_import()
+    except Exception as error:
+        if environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
+            raise
+        try:
+            _sys.stderr.write(f"vllm-hotfix: settings not read: {type(error).__name__}: {error}\n")
+        except Exception:
+            pass
+
+
+_check_settings()  # raises only in strict mode
 _arm()  # raises only in strict mode

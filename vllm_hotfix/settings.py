@@ -7,6 +7,7 @@ and the safe default is used instead. Strict mode turns them into errors.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +20,9 @@ OLD_PREFIX = "VLLM_HOTFIX_"
 DISABLE_VAR = "VLLMHOTFIX_DISABLE"
 STRICT_VAR = "VLLMHOTFIX_STRICT"
 FORCE_VAR = "VLLMHOTFIX_FORCE"
+# The switches read_settings() parses: with one of them set (or a name of the old prefix),
+# `import vllm_hotfix` reads them at once (vllm_hotfix/__init__.py keeps a copy of this tuple).
+SWITCHES = (DISABLE_VAR, STRICT_VAR, FORCE_VAR)
 CACHE_DIR_VAR = "VLLMHOTFIX_CACHE_DIR"
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "all"})
@@ -96,6 +100,30 @@ def read_settings(known_fix_ids: tuple[str, ...], environ: dict[str, str] | None
                 f" {', '.join(known_fix_ids)}; ignoring {item!r}"
             )
     return Settings(disable_all, frozenset(disabled), strict, tuple(problems), frozenset(forced))
+
+
+_reported: set[str] = set()
+
+
+def unreported(problems: tuple[str, ...]) -> list[str]:
+    """The lines to show for the problems not shown yet in this process: each once, worded alike
+    wherever it is found (at `import vllm_hotfix`, when a fix is decided, by `vllm-hotfix status`)."""
+    lines = [f"vllm-hotfix: settings problem: {p}" for p in problems if p not in _reported]
+    _reported.update(problems)
+    return lines
+
+
+def check_at_import() -> None:
+    """Read the switches at `import vllm_hotfix`: each problem is one line on stderr (vLLM's logger
+    may not exist yet), and strict mode raises HotfixError there."""
+    from vllm_hotfix.errors import HotfixError
+    from vllm_hotfix.fixes import FIX_IDS
+
+    found = read_settings(FIX_IDS)
+    for line in unreported(found.problems):
+        sys.stderr.write(line + "\n")
+    if found.strict and found.problems:
+        raise HotfixError("; ".join(found.problems))
 
 
 def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, ...]]:

@@ -321,7 +321,7 @@ def to_json(rows: Sequence[Row]) -> list[dict[str, Any]]:
             "error": row.error,
             "fixes": {
                 o.fix_id: {
-                    "verdict": o.verdict.value,
+                    "decision": o.verdict.value,  # the word `vllm-hotfix status` uses
                     "reason": o.reason,
                     "source_sha256": o.source_sha256,
                     "route": {**asdict(o.route), "label": o.route.label} if o.route is not None else None,

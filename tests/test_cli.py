@@ -1,0 +1,140 @@
+"""The command line as a new user meets it: `--version`, one exit-code scheme in which a usage error
+(4) is never a verdict, no traceback for a bad argument, paths checked before anything is written,
+one JSON vocabulary, and a bad setting reported the same way at import and by `status`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.testenv import REPO, outside_checkout
+from vllm_hotfix import cli, exit_codes, releases
+from vllm_hotfix._version import __version__
+from vllm_hotfix.cli_output import SCHEMA, Parser
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.releases.classify import Outcome, Row
+
+
+def run(*argv: str) -> int:
+    """cli.main in this process, as the console script calls it: its return or exit code."""
+    Parser.json_requested = False
+    try:
+        return cli.main(list(argv))
+    except SystemExit as stop:
+        return int(stop.code or 0)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run("--version") == exit_codes.OK
+    assert capsys.readouterr().out == f"vllm-hotfix {__version__}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["status", "--bogus"], "unrecognized arguments: --bogus"),
+        (["releases", "--since", "banana"], "argument --since: 'banana' is not a release number"),
+        (["releases", "--workers", "0"], "argument --workers: '0' is not a whole number from 1 to 64"),
+        (["clean", "--days", "abc"], "argument --days: 'abc' is not a number of days >= 0"),
+        (["clean", "--days", "nan"], "argument --days: 'nan' is not a number of days >= 0"),
+        (["install-site-hook", "--site-dir", "/no/such/dir"], "--site-dir /no/such/dir: no such directory"),
+        (["uninstall-site-hook", "--site-dir", "/no/such/dir"], "--site-dir /no/such/dir: no such directory"),
+        (["nonesuch"], "invalid choice: 'nonesuch'"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_4(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(*argv) == exit_codes.USAGE
+    out, err = capsys.readouterr()
+    assert out == "" and said in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error:" in line] == [
+        next(line for line in err.splitlines() if said in line)
+    ]
+
+
+def test_a_usage_error_under_json_is_a_document(capsys: pytest.CaptureFixture[str]) -> None:
+    Parser.json_requested = True
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["releases", "--json", "--since", "banana"])
+    assert stop.value.code == exit_codes.USAGE
+    document = json.loads(capsys.readouterr().out)
+    assert document["schema"] == SCHEMA and document["exit_code"] == exit_codes.USAGE
+    assert document["command"] == "releases" and "banana" in document["error"]
+
+
+def test_install_site_hook_says_when_the_directory_is_not_on_sys_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("install-site-hook", "--site-dir", str(tmp_path)) == exit_codes.OK
+    out, err = capsys.readouterr()
+    assert out.startswith("installed the vllm-hotfix site hook") and "is not on this Python's sys.path" in err
+    assert run("uninstall-site-hook", "--site-dir", str(tmp_path)) == exit_codes.OK
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_it_did_not_write_is_an_error_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vllm_hotfix.site_hook import PTH_NAME
+
+    (tmp_path / PTH_NAME).write_text("someone else's\n")
+    assert run("install-site-hook", "--site-dir", str(tmp_path)) == exit_codes.ERROR
+    err = capsys.readouterr().err
+    assert "was not written by vllm-hotfix" in err and "Traceback" not in err
+
+
+def test_status_json_is_a_document_and_an_invalid_setting_exits_4(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_STRICT", "VLLMHOTFIX_FORCE"):
+        monkeypatch.delenv(name, raising=False)
+    code = run("status", "--json", "--no-probe")
+    document = json.loads(capsys.readouterr().out)
+    assert (document["schema"], document["command"], document["exit_code"]) == (SCHEMA, "status", code)
+    assert code in (exit_codes.OK, exit_codes.INCOMPLETE) and "fixes" in document
+
+    monkeypatch.setenv("VLLMHOTFIX_DISABLE", "typo")
+    assert run("status", "--no-probe") == exit_codes.USAGE
+    out, err = capsys.readouterr()
+    assert "settings problem: VLLMHOTFIX_DISABLE: 'typo' is not a fix id" in out
+    assert "1 invalid setting(s)" in err
+
+
+def test_releases_json_says_decision_as_status_does() -> None:
+    outcome = Outcome("deepseek-final-aux", Decision.PATCHED, "why", "digest")
+    (found,) = releases.to_json([Row("vllm", "0.24.0", "w.whl", None, [outcome])])
+    assert found["fixes"]["deepseek-final-aux"]["decision"] == "patched"
+
+
+def _import(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
+    return subprocess.run(
+        [sys.executable, "-c", "import vllm_hotfix; print(vllm_hotfix.HotfixError.__name__)"],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(REPO), **env},
+        cwd=outside_checkout(),
+    )
+
+
+def test_a_bad_setting_is_reported_at_import_and_raises_there_in_strict_mode() -> None:
+    done = _import(VLLMHOTFIX_FORCE="typo")
+    assert done.returncode == 0 and done.stdout == "HotfixError\n"
+    assert done.stderr.startswith("vllm-hotfix: settings problem: VLLMHOTFIX_FORCE: 'typo' is not a fix id")
+
+    done = _import(VLLM_HOTFIX_DISABLE="1")
+    assert done.stderr == (
+        "vllm-hotfix: settings problem: VLLM_HOTFIX_DISABLE is no longer read: rename it to"
+        " VLLMHOTFIX_DISABLE (vLLM claims every VLLM_ name)\n"
+    )
+
+    done = _import(VLLMHOTFIX_FORCE="typo", VLLMHOTFIX_STRICT="1")
+    assert done.returncode == 1 and "vllm_hotfix.errors.HotfixError: VLLMHOTFIX_FORCE: 'typo'" in done.stderr
+
+    assert _import().stderr == ""  # nothing set: nothing read, nothing said

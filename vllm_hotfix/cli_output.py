@@ -1,0 +1,49 @@
+"""What every `vllm-hotfix` command prints for machines, and how it says it was used wrongly.
+
+One JSON vocabulary: each `--json` document carries `schema` (raised when a key changes meaning or
+goes), `command` and `exit_code`. A usage error is one line on stderr, and under `--json` also a
+document on stdout, before any slow work; it exits exit_codes.USAGE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, NoReturn
+
+from vllm_hotfix import exit_codes
+
+SCHEMA = 1
+
+
+def document(command: str, exit_code: int, **fields: Any) -> dict[str, Any]:
+    """A `--json` document: the common keys first, then the command's own."""
+    return {"schema": SCHEMA, "command": command, "exit_code": exit_code, **fields}
+
+
+def print_document(command: str, exit_code: int, **fields: Any) -> None:
+    print(json.dumps(document(command, exit_code, **fields), indent=2), flush=True)
+
+
+class UsageError(Exception):
+    """A bad argument, path or setting, found before anything ran."""
+
+
+def exit_usage(prog: str, message: str, as_json: bool, usage: str | None = None) -> NoReturn:
+    """One line on stderr (and a document on stdout under --json); exit exit_codes.USAGE."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    if as_json:
+        print_document(prog.split()[-1], exit_codes.USAGE, error=message, usage=usage)
+    sys.exit(exit_codes.USAGE)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the package's usage errors: exit_codes.USAGE, not argparse's 2 (which would
+    read as a verdict), and a JSON document when `--json` was asked for."""
+
+    json_requested = False  # set from the command line before parsing
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        exit_usage(self.prog, message, Parser.json_requested, self.format_usage().strip())
