@@ -152,6 +152,6 @@ def test_an_engine_starts_under_fail_on_environ_validation_with_our_variables(
     plugin = install_plugin(testenv, tmp_path / "plugin")
     done = testenv.run(["-c", START, str(tiny_checkpoint)], version=version, paths=(plugin,), **ours)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "generated 2"
+    assert "generated 2" in done.stdout.splitlines()
     assert UNKNOWN not in done.stderr + done.stdout
     assert "vllm-hotfix pid=" in done.stderr + done.stdout  # the hotfix was armed in that engine
