@@ -75,17 +75,18 @@ def git_apply(patch: str | Path, directory: Path, *options: str) -> subprocess.C
     )
 
 
-def overlay(site_packages: Path, patch: Path, out: Path) -> Path:
-    """`out` with a copy of `site_packages`'s vllm package (symlinks), the files the patch changes
-    copied and patched, and the patch's new files (its tests): put `out` first on PYTHONPATH to run
-    that vLLM with the patch. Raises with git's message if the patch does not apply."""
+def overlay(site_packages: Path, patches: list[Path], out: Path) -> Path:
+    """`out` with a copy of `site_packages`'s vllm package (symlinks), the files the patches change
+    copied and patched, and the patches' new files (their tests): put `out` first on PYTHONPATH to
+    run that vLLM with the patches. Raises with git's message if a patch does not apply."""
     shutil.copytree(site_packages / "vllm", out / "vllm", symlinks=False, copy_function=os.symlink)
-    for path in file_diffs(patch.read_text(encoding="utf-8")):
-        target = out / path
-        if target.is_symlink():
-            target.unlink()
-            shutil.copyfile(site_packages / path, target)
-    applied = git_apply(patch, out)
-    if applied.returncode != 0:
-        raise RuntimeError(f"{patch} does not apply to {site_packages}:\n{applied.stderr}")
+    for patch in patches:
+        for path in file_diffs(patch.read_text(encoding="utf-8")):
+            target = out / path
+            if target.is_symlink():
+                target.unlink()
+                shutil.copyfile(site_packages / path, target)
+        applied = git_apply(patch, out)
+        if applied.returncode != 0:
+            raise RuntimeError(f"{patch} does not apply to {site_packages}:\n{applied.stderr}")
     return out
