@@ -131,12 +131,14 @@ def test_v32_final_state_is_the_pre_norm_sum_and_stock_drops_it(v32_runs, vendor
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_v32_all_reduces_added_none_on_nvidia_and_at_tp1_and_the_output_never_moves(v32_runs, vendor) -> None:
     """As the hotfix: none at TP=1, none on nvidia (the loop runs the layer's own fused norm), one
-    per requested inner id on amd at TP=2; the model's output is stock's bit for bit."""
+    per requested inner id on amd at TP=2; the model's output is stock's bit for bit, and at TP=1
+    so is every state stock captures right."""
     import torch
 
     v32.test_added_all_reduces_none_for_the_final_id_none_on_nvidia_029_and_none_at_tp1(
         v32_runs, NEWEST, vendor
     )
+    v32.test_at_tp1_patched_is_stock_bit_for_bit_where_stock_is_right(v32_runs, NEWEST, vendor)
     for world, variant, stock, patched in v32._stock_and_patched(v32_runs, NEWEST, vendor):
         assert torch.equal(stock["hidden"], patched["hidden"]), (world, variant)
 
