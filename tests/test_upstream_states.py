@@ -18,7 +18,7 @@ Stock is the same function from the venv's unpatched file, in the same process
 - Shared helper (harness/child/shared_id0_states.py --upstream, the real engine, eager): the oracles
   of tests/test_shared_capture_id0_states.py: stock's id 0 is off the embeddings under the in-place
   norm, patched id 0 is the embeddings, every other id and the output are stock's. Llama here;
-  Qwen3-MoE and gpt-oss in the long suite.
+  Qwen3-MoE, gpt-oss and a compiled Llama pair (vLLM's default mode) in the long suite.
 """
 
 from __future__ import annotations
@@ -160,23 +160,25 @@ def test_v32_sequence_parallel_states_are_not_reduced_twice(v32_runs) -> None:
 
 @pytest.fixture(scope="module")
 def id0_states(testenv, zoo, site, patched, tmp_path_factory) -> Any:  # noqa: F811 (zoo: the fixture)
-    """tests/test_shared_capture_id0_states.py's engine runs (eager), with the patched helper."""
+    """tests/test_shared_capture_id0_states.py's engine runs, with the patched helper (or, with
+    upstream False, stock vLLM alone: the compiled pair's other half). Cached per arguments."""
     import torch
 
-    runs: dict[str, dict[str, Any]] = {}
+    runs: dict[tuple[str, str, bool], dict[str, Any]] = {}
 
-    def run(family: str) -> dict[str, Any]:
-        if family not in runs:
-            work = tmp_path_factory.mktemp(f"upstream-id0-{family}")
+    def run(family: str, mode: str = "eager", upstream: bool = True) -> dict[str, Any]:
+        key = (family, mode, upstream)
+        if key not in runs:
+            work = tmp_path_factory.mktemp(f"upstream-id0-{family}-{mode}")
             args = [testenv.script("shared_id0_states"), "--family", family, "--checkpoint", str(zoo(family))]
-            args += ["--variants", ";".join(id0.VARIANTS), "--upstream", str(site)]
-            args += ["--out", str(work / "states.pt")]
-            result = testenv.run(
-                args, version=NEWEST, paths=(str(patched),), VLLM_CACHE_ROOT=str(work / "cache")
-            )
+            args += ["--variants", ";".join(id0.VARIANTS), "--mode", mode, "--out", str(work / "states.pt")]
+            args += ["--upstream", str(site)] if upstream else []
+            paths = (str(patched),) if upstream else ()
+            # its own compile cache: no artifact of another run (or another patch state) is reused
+            result = testenv.run(args, version=NEWEST, paths=paths, VLLM_CACHE_ROOT=str(work / "cache"))
             assert result.returncode == 0, result.stderr[-6000:]
-            runs[family] = torch.load(work / "states.pt", weights_only=False)
-        return runs[family]
+            runs[key] = torch.load(work / "states.pt", weights_only=False)
+        return runs[key]
 
     return run
 
@@ -190,3 +192,23 @@ def test_shared_helper_id_0_is_the_embeddings_under_the_in_place_norm_and_stock_
     assert run["vllm_version"] == NEWEST and run["upstream"] and run["status"] is None
     id0.check_id_0(run)
     id0.check_other_ids(run)
+
+
+@pytest.mark.long
+@pytest.mark.engine
+def test_compiled_llama_with_the_patched_helper_id_0_is_the_embeddings_and_stock_s_is_not(id0_states) -> None:
+    """vLLM's default mode: a stock engine and a patched one, the in-place norm emulated from the
+    start (as tests/test_shared_capture_id0_states.py's compiled pair)."""
+    import torch
+
+    stock, patched = id0_states("llama", "compile", upstream=False), id0_states("llama", "compile")
+    assert stock["compiled"] and patched["compiled"] and patched["upstream"] and not stock["upstream"]
+    ids = id0._ids(id0.VARIANTS[0])
+    at = ids.index(0)
+    off = float((stock["engine"]["aux"][at] - stock["embeddings"]).abs().max())
+    assert off > id0.OFF, f"compiled stock's id 0 is {off} off the embeddings"
+    assert torch.equal(patched["engine"]["aux"][at], patched["embeddings"])
+    assert torch.equal(stock["engine"]["hidden"], patched["engine"]["hidden"])
+    for layer, a, b in zip(ids, stock["engine"]["aux"], patched["engine"]["aux"], strict=True):
+        if layer != 0:
+            assert torch.equal(a, b), layer
