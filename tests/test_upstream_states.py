@@ -90,6 +90,8 @@ def v32_runs(testenv, site, patched, tmp_path_factory) -> dict[tuple[str, str, i
         def __missing__(self, key: tuple[str, str, int]) -> list[dict[str, Any]]:
             version, vendor, world = key
             real, flags = special.get(vendor, (vendor, ("--moe", *gpu)))
+            if world == 1 and vendor not in special:
+                flags = (*flags, "--graph-variants", ";1,2;1,4")  # Dynamo fullgraph traces
             out = tmp_path_factory.mktemp(f"upstream-v32-{vendor}-tp{world}")
             args = [testenv.script("v32_states"), "--world", str(world), "--vendor", real, *flags]
             args += ["--layers", str(v32.LAYERS), "--variants", ";".join(v32.VARIANTS)]
@@ -141,6 +143,17 @@ def test_v32_all_reduces_added_none_on_nvidia_and_at_tp1_and_the_output_never_mo
     v32.test_at_tp1_patched_is_stock_bit_for_bit_where_stock_is_right(v32_runs, NEWEST, vendor)
     for world, variant, stock, patched in v32._stock_and_patched(v32_runs, NEWEST, vendor):
         assert torch.equal(stock["hidden"], patched["hidden"]), (world, variant)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_v32_patched_forward_traces_whole_and_adds_no_op_without_aux(v32_runs, vendor) -> None:
+    """vLLM compiles the model's forward by default: the patched forward traces with Dynamo in one
+    graph (fullgraph) with the ids requested, and without aux ids its graph is stock's. With ids it
+    differs (the captures), so the comparison can fail."""
+    graphs = v32_runs[NEWEST, vendor, 1][0]["graphs"]
+    assert graphs[()]["patched"] == graphs[()]["stock"]
+    for ids in ((1, 2), (1, 4)):
+        assert graphs[ids]["patched"] and graphs[ids]["patched"] != graphs[ids]["stock"], ids
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
