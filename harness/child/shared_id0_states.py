@@ -14,6 +14,8 @@ lists, the helpers and the norm provider change between calls inside one step, w
 saved (the first id list), with the in-place norm emulated from the start: the provider registered
 before the engine and put first by vLLM's own `kernel_config.ir_op_priority` (the worker's start-up
 sets the dispatch priority from it); stock and patched are then two runs (without and with --hotfix).
+With --upstream SITE (no hotfix) the patched helper is an upstream patch's file (upstream/), an overlay
+first on PYTHONPATH, and stock the helper from SITE's unpatched file (upstream_stock.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--variants", default="0,1,4;0;1,2,3", help="aux id lists, ';'-separated")
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix before vLLM")
+    parser.add_argument("--upstream", default="", help="the unpatched site-packages (overlay runs)")
     parser.add_argument("--mode", choices=["eager", "compile"], default="eager")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -57,7 +60,14 @@ def main() -> None:
     causal_lm = getattr(importlib.import_module(module_name), class_name)
     installed = vars(EagleModelMixin)["_maybe_add_hidden_state"]
     helpers = {"stock": getattr(installed, "__wrapped__", installed)}
-    if args.hotfix:
+    if args.upstream:
+        from upstream_stock import stock_function
+
+        interfaces = sys.modules[EagleModelMixin.__module__]
+        helpers["stock"] = stock_function(
+            interfaces, "EagleModelMixin", "_maybe_add_hidden_state", args.upstream
+        )
+    if args.hotfix or args.upstream:
         helpers["patched"] = installed
     variants = parse_variants(args.variants)
     captured: dict[str, object] = {}
@@ -116,6 +126,7 @@ def main() -> None:
         {
             "vllm_version": vllm.__version__,
             "patched": getattr(installed, "__vllm_hotfix__", None) is not None,
+            "upstream": bool(args.upstream),
             "mode": args.mode,
             "status": status,
             **captured,

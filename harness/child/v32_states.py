@@ -29,7 +29,9 @@ fused-MoE path, run inside a forward context as vLLM runs it).
 
 Stock and patched run in the same process, on the same model and inputs: with --hotfix the hotfix
 is imported before the model module (the patch is made at its import, as in vLLM), and stock is
-the original function the hotfix keeps as `__wrapped__` (vLLM's own function object).
+the original function the hotfix keeps as `__wrapped__` (vLLM's own function object). With
+--upstream SITE (no hotfix) patched is the model file of an upstream patch (upstream/), an overlay
+first on PYTHONPATH, and stock the same forward from SITE's unpatched file (upstream_stock.py).
 """
 
 from __future__ import annotations
@@ -275,18 +277,24 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
+        if args.upstream:
+            from upstream_stock import stock_function
+
+            stock = stock_function(module, "DeepseekV32Model", "forward", args.upstream)
         all_reduces = count_all_reduces()
         ids = torch.tensor(PROMPT)
         positions = torch.arange(len(PROMPT))
         step = functools.partial(forward_step, vllm_config, len(PROMPT))
 
-        functions = {"stock": stock, "patched": forward} if args.hotfix else {"stock": stock}
+        patched = args.hotfix or bool(args.upstream)
+        functions = {"stock": stock, "patched": forward} if patched else {"stock": stock}
+        planted = PLANTED if args.hotfix else {}  # edits of the hotfix's generated forward
         inputs = (ids, positions)
         with torch.no_grad():
             variants = parse_variants(args.variants)
             results = states_per_variant(model, variants, functions, inputs, step, all_reduces, errors=True)
             gpu = gpu_norm_states(
-                model, vllm_config, args, functions, forward, PLANTED, inputs, all_reduces, SHORT_PROMPT
+                model, vllm_config, args, functions, forward, planted, inputs, all_reduces, SHORT_PROMPT
             )
         timings = {}
         for variant in parse_variants(args.bench_variants) if args.bench else ():
@@ -319,6 +327,9 @@ def main() -> None:
     parser.add_argument("--moe", action="store_true", help=f"layers {DENSE}+ are MoE layers")
     parser.add_argument(
         "--sequence-parallel", action="store_true", help="vLLM 0.28+'s sequence-parallel path"
+    )
+    parser.add_argument(
+        "--upstream", default="", help="the unpatched site-packages: an upstream patch's overlay runs"
     )
     parser.add_argument("--bench", type=int, default=0, help="timed calls per forward and id list")
     parser.add_argument("--bench-variants", default=";1,2,3;1,2,3,4")

