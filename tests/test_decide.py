@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,56 @@ def test_a_transform_that_fails_its_self_check_is_failed(
     plan = decide(TOY, load(tmp_path, BUGGY, monkeypatch), NO_SWITCHES, None)
     assert plan is not None and plan.decision is Decision.FAILED and plan.fixed_source is None
     assert plan.reason.startswith("self-check of the generated source failed")
+
+
+METHODS = """\
+class Base:
+    def scale(self, x):
+        return x
+
+
+class Scaler(Base):
+    def scale(self, x):
+        return super().scale(x) * 2
+
+
+def closure_over_k():
+    k = 2
+
+    def scale(self, x):
+        return x * k
+
+    return scale
+"""
+
+
+class MethodFix(ToyFix):
+    owner = "Scaler"
+
+    def transform_source(self, source: str) -> str:
+        return super().transform_source(textwrap.dedent(source))  # a method's source is indented
+
+
+def test_a_method_calling_super_is_patched_and_its_super_still_resolves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zero-argument super() gives a method a `__class__` cell: not a closure to refuse; the fixed
+    source is built with `__class__` bound to the owner class."""
+    fix = MethodFix()
+    module = load(tmp_path, METHODS, monkeypatch)
+    assert module.Scaler.scale.__code__.co_freevars == ("__class__",)
+    plan = decide(fix, module, NO_SWITCHES, None)
+    assert plan is not None and plan.decision is Decision.PATCHED, plan
+    assert plan.original is not None and plan.fixed_source is not None
+    patching.patch(fix, module, plan.original, plan.fixed_source, None)
+    assert module.Scaler().scale(5) == 15
+
+
+def test_a_method_closing_over_anything_else_is_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fix = MethodFix()
+    module = load(tmp_path, METHODS, monkeypatch)
+    module.Scaler.scale = module.closure_over_k()
+    plan = decide(fix, module, NO_SWITCHES, None)
+    assert plan is not None and plan.decision is Decision.UNKNOWN and "is a closure" in plan.reason

@@ -111,7 +111,7 @@ def decide(
             f"{fix.target} comes from {current.__code__.co_filename}, not from {module_file}"
             " (replaced by another plugin?)"
         )
-    if current.__code__.co_freevars:
+    if current.__code__.co_freevars and fix.class_cell(module, current) is None:
         return unknown(f"{fix.target} is a closure ({current.__code__.co_freevars}); not the known shape")
     try:
         source = inspect.getsource(current)

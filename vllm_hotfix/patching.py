@@ -50,6 +50,15 @@ def generated_dirs() -> list[store.Place]:
     ]
 
 
+def _bindings(fix: Fix, module: types.ModuleType, original: types.FunctionType) -> dict[str, object]:
+    """The fix's bindings, plus `__class__` for a method that calls zero-argument `super()`."""
+    bindings = dict(fix.bindings(module))
+    owner = fix.class_cell(module, original)
+    if owner is not None:
+        bindings["__class__"] = owner
+    return bindings
+
+
 def patch(
     fix: Fix,
     module: types.ModuleType,
@@ -69,7 +78,7 @@ def patch(
         qualname_base=original.__qualname__,
         provenance=f"{code.co_filename}:{code.co_firstlineno} (vLLM {vllm_version})",
         directories=places,
-        bindings=fix.bindings(module),
+        bindings=_bindings(fix, module, original),
     )
     generated.function.__vllm_hotfix__ = Marker(  # type: ignore[attr-defined]
         fix.fix_id, __version__, generated.digest, generated.filename

@@ -6,6 +6,8 @@ from vllm_hotfix.fixes.base import Fix, Probe
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
+from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
+from vllm_hotfix.fixes.hidden_states_padding_slot import HiddenStatesPaddingSlot
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
 
@@ -15,6 +17,8 @@ ALL_FIXES: tuple[Fix, ...] = (
     *DEEPSEEK_V32_FIXES,
     MiniMaxM3Aux(),
     SharedCaptureId0(),
+    HiddenStatesPaddingSlot(),
+    HiddenStatesHybridBlock(),
 )
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 

@@ -77,6 +77,21 @@ class Fix(ABC):
         (patching.patch), and the original back in place of the fixed one (patching.unpatch)."""
         setattr(self.holder(module), self.attribute, function)
 
+    def class_cell(self, module: ModuleType, function: FunctionType) -> type | None:
+        """The owner class, when it is what the method's only closure cell holds: the `__class__`
+        cell the compiler makes for zero-argument `super()`. None for any other closure.
+
+        Such a method is no closure in the sense that matters: its fixed source is built with
+        `__class__` bound to that class (patching.patch), so its `super()` resolves as vLLM's did."""
+        if self.owner is None or function.__code__.co_freevars != ("__class__",):
+            return None
+        closure = function.__closure__ or ()
+        try:
+            held = closure[0].cell_contents if len(closure) == 1 else None
+        except ValueError:  # an empty cell
+            return None
+        return held if held is self.holder(module) else None
+
     def bindings(self, module: ModuleType) -> dict[str, Any]:
         """Names the fixed source uses that the target's module does not define (none by default)."""
         return {}
