@@ -19,7 +19,6 @@ from vllm_hotfix.cli_output import Parser, UsageError, exit_usage, print_documen
 
 
 def _status(args: argparse.Namespace) -> int:
-    import vllm_hotfix
     from vllm_hotfix import report
     from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
@@ -39,7 +38,7 @@ def _status(args: argparse.Namespace) -> int:
                     not_importable[fix.fix_id] = f"{fix.module} cannot be imported in this environment" + (
                         f" ({type(error).__name__}: {error}); vLLM cannot load this model here either"
                     )
-    status = vllm_hotfix.status()
+    status = report.process_status()
     for row in status["fixes"]:
         if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
@@ -286,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
     try:
-        return args.run(args)
+        code: int = args.run(args)
+        return code
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say to it
         sys.stderr.close()
         return exit_codes.OK

@@ -19,6 +19,7 @@ import textwrap
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_hotfix import store
 from vllm_hotfix._version import __version__
@@ -72,7 +73,7 @@ def build_function(
     *,
     fix_id: str,
     original: types.FunctionType,
-    namespace: dict,
+    namespace: dict[str, Any],
     source: str,
     qualname_base: str,
     provenance: str,
@@ -116,14 +117,14 @@ def build_function(
     sys.modules[module_name] = stub
 
     code = compile(text, filename, "exec", flags=_future_flags(original.__code__), dont_inherit=True)
-    defined: dict = {}
+    defined: dict[str, Any] = {}
     exec(code, namespace, defined)
     (function,) = defined.values()
     if names:
         function = function(**{name: (bindings or {})[name] for name in names})
     function.__qualname__ = f"{qualname_base}__vllm_hotfix_{stem}"
     function.__doc__ = original.__doc__
-    function.__wrapped__ = original  # type: ignore[attr-defined]
+    function.__wrapped__ = original
     function.__dict__.update({k: v for k, v in original.__dict__.items() if k != "__wrapped__"})
     stub.__dict__[original.__name__] = function
     return Generated(function, digest, filename, module_name)

@@ -26,7 +26,7 @@ class Decision(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    __format__ = str.__format__  # f"{decision}" is the value on every Python version
+    __format__ = str.__format__  # type: ignore[assignment]  # f"{decision}": the value on every Python
 
     @property
     def is_problem(self) -> bool:

@@ -116,7 +116,8 @@ def _apply_plan(fix: Fix, module: types.ModuleType, plan: Plan, late: bool) -> R
     if plan.original is None or plan.fixed_source is None:  # nothing to install
         return Record(fix.fix_id, plan.decision, plan.reason, plan.vllm_version)
     built_already = _built_already(fix, module) if late else []  # before patching: nothing to lose
-    patched = patching.patch(fix, module, plan.original, plan.fixed_source, plan.vllm_version)
+    original: types.FunctionType = plan.original  # type: ignore[assignment]  # a field, not a method
+    patched = patching.patch(fix, module, original, plan.fixed_source, plan.vllm_version)
     return Record(
         fix.fix_id,
         plan.decision,
@@ -166,9 +167,11 @@ def arm() -> None:
             late = fix.module in sys.modules
             if fix.fix_id not in _hooked:
                 _hooked.add(fix.fix_id)
-                wrapt.register_post_import_hook(
-                    lambda module, fix=fix, late=late: _on_import(fix, module, late), fix.module
-                )
+
+                def hook(module: types.ModuleType, fix: Fix = fix, late: bool = late) -> None:
+                    _on_import(fix, module, late)
+
+                wrapt.register_post_import_hook(hook, fix.module)
             elif late:
                 _on_import(fix, sys.modules[fix.module], late=True)
 

@@ -94,8 +94,7 @@ def unpatch(fix: Fix, installed: types.FunctionType, original: types.FunctionTyp
     else since, or its module is gone).
     """
     module = sys.modules.get(fix.module)
-    current = fix.current(module) if module is not None else None
-    if current is not installed:
+    if module is None or fix.current(module) is not installed:
         return False
     fix.put(module, original, replacing=installed)
     return True

@@ -15,6 +15,7 @@ import re
 import textwrap
 from collections.abc import Mapping
 from types import FunctionType, ModuleType
+from typing import Any
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, same_code
@@ -80,6 +81,9 @@ class CpuSamplerFp64Gumbel(Fix):
         last = function.args.args[-1]
         end = function.args.defaults[-1] if function.args.defaults else last
         # Edits from the bottom up, so earlier positions stay valid.
+        assert (
+            inv_q.end_col_offset is not None and end.end_lineno is not None and end.end_col_offset is not None
+        )
         edits = [
             (inv_q.lineno, inv_q.col_offset, inv_q.end_col_offset, INV_Q_FLOAT32),
             (end.end_lineno, end.end_col_offset, end.end_col_offset, f", {FLAG}=False"),
@@ -92,6 +96,6 @@ class CpuSamplerFp64Gumbel(Fix):
     def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
         """Also repoint the wrapper vLLM calls (its `.func`), both ways, when it held `replacing`."""
         super().put(module, function, replacing)
-        wrapper = getattr(module, self.wrapper, None)
+        wrapper: Any = getattr(module, self.wrapper, None)
         if getattr(wrapper, "func", None) is replacing:
             wrapper.func = function

@@ -26,6 +26,11 @@ HAS_AUX = "len(aux_hidden_states) > 0"
 UPSTREAM_STATEMENT = f"if {FINAL_TEST}:\n    {CAPTURE}\n"
 
 
+def _if(stmt: ast.stmt) -> ast.If:
+    assert isinstance(stmt, ast.If)  # what _top_level_if found
+    return stmt
+
+
 def _top_level_if(body: list[ast.stmt], test: str) -> list[int]:
     return [i for i, stmt in enumerate(body) if isinstance(stmt, ast.If) and same_code(stmt.test, test)]
 
@@ -69,7 +74,7 @@ class DeepseekFinalAux(Fix):
             f"a layer loop with `if {LOOP_TEST}: {CAPTURE}`": _loop_captures_inputs(body),
             f"`if {NOT_LAST_RANK}: return ...` before the norm": norm_at is not None
             and any(
-                i < norm_at and isinstance(body[i].body[-1], ast.Return)
+                i < norm_at and isinstance(_if(body[i]).body[-1], ast.Return)
                 for i in _top_level_if(body, NOT_LAST_RANK)
             ),
             f"`if {HAS_AUX}: return ...` after the norm": norm_at is not None

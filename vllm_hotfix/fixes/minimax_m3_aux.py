@@ -178,7 +178,7 @@ class Shape:
         body = function.body
         self.missing: list[str] = []
         self.kind: str | None = None
-        self.capture: ast.Expr | None = None
+        self.capture: ast.stmt | None = None
         self.norm: ast.stmt | None = None
         # id 0's capture, where no copy of it follows (vLLM 0.32.0+ copies it itself)
         entries = [i for i, s in enumerate(body) if same_code(s, ENTRY)]
@@ -325,7 +325,8 @@ class MiniMaxM3Aux(Fix):
         if shape.entry is not None:  # above the loop: its lines are still where they were
             pad = " " * shape.entry.col_offset
             entry_copy = textwrap.indent(ENTRY_COPY + "\n", pad)
-            lines[shape.entry.end_lineno : shape.entry.end_lineno] = [entry_copy]  # type: ignore[misc]
+            end = shape.entry.end_lineno or shape.entry.lineno
+            lines[end:end] = [entry_copy]
         return "".join(lines)
 
     def bindings(self, module: ModuleType) -> dict[str, Any]:

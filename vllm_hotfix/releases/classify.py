@@ -189,7 +189,8 @@ def fetch_index(dist: str, timeout: float = TIMEOUT_S) -> dict[str, Any]:
         INDEX_URL.format(dist=dist), headers={"User-Agent": USER_AGENT, "Accept": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.load(response)
+        index: dict[str, Any] = json.load(response)
+    return index
 
 
 def choose_wheel(files: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, str | None]:

@@ -226,7 +226,7 @@ def read_members(
     stats = FetchStats()
     if not missing:
         return texts, stats
-    with opener(url) as remote, zipfile.ZipFile(remote) as wheel:  # type: ignore[arg-type]
+    with opener(url) as remote, zipfile.ZipFile(remote) as wheel:
         names = set(wheel.namelist())
         for member in missing:
             text = wheel.read(member).decode("utf-8") if member in names else None
