@@ -1,38 +1,17 @@
-"""Taps: what each decoder layer of the model actually received, in the same forward as the aux states.
+"""Taps: what each decoder layer of the model received, in the same forward as the aux states.
 
 The aux state of id k is, by vLLM's convention, the residual stream entering decoder layer k
-(`hidden_states + residual`, pre-norm; id 0: the embeddings entering layer 0; id N, the number of
-layers: the final norm's input sum, which is what layer N-1 returns). So, when the check is on and
-the engine asks the target model for aux states (vLLM calls its `set_aux_hidden_state_layers`,
-right after loading it and before it compiles or captures it), the model gets, for each requested
-id at a boundary of this rank's layers:
-
-- id = the first local layer: a forward pre-hook on that layer (the `hidden_states`, and
-  `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
-  returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
-  tensor or `(hidden_states, None)`; the pair's first element alone where the layer reading it
-  overwrites its `residual` before reading it: `discards_residual`); a pair is tapped instead on
-  what the norm reading it returns (a forward hook on layer k's input norm, or the final norm,
-  `reader_norm`): its sum `hidden_states + residual` is an output of vLLM's all-reduce + add-RMSNorm
-  fusion pattern, where the `hidden_states` a layer returns is that pattern's intermediate (its
-  all-reduce output) and a tap on it would keep the pattern from matching (`_tap_norms`);
-- each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
-  both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
-  fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
-  its own buffers: the model's tensors are neither copied into the model's path nor replaced (a
-  tap that handed the layer a copy would hide exactly the in-place aliasing it must see), so
-  vLLM's compiled graph keeps the op (a mutation of its inputs) and a CUDA graph replays it.
-
-Compiled engines trace the hooks (Dynamo, `fullgraph=True`): the op is registered when the taps
-are made, never inside a hook (Dynamo refuses `torch.library` there), and a hook has no Python side
-effect (Dynamo would turn it into replayed bytecode, which vLLM refuses under CUDA graphs): all it
-learns goes through the op into the buffers, the form of a layer included.
-
-The fingerprint is linear, so a per-rank partial `hidden_states` (a row-parallel output whose
-all-reduce vLLM fuses into the next norm) gives the reduced stream's fingerprint as the sum of the
-ranks' fingerprints plus the residual's: the command adds the ranks' records after the run
-(reference.py), no collective of the check's own. The taps live as long as the engine: it exists
-for the check alone (`vllm-hotfix verify`).
+(`hidden_states + residual`, pre-norm; id 0: the embeddings; id N, the number of layers: the final
+norm's input). For each requested id at a boundary of this rank's layers: id = the first local
+layer, a forward pre-hook on it; any other id k, a forward hook on layer k-1 (what layer k
+receives: a `(hidden_states, residual)` pair, the stream itself, or the pair's first element where
+the reader overwrites its `residual`, `discards_residual`), or, for a pair, on the norm that reads
+it (`reader_norm`): its sum is an output of vLLM's all-reduce + add-RMSNorm fusion pattern, where
+the layer's `hidden_states` is an intermediate a tap would keep from fusing (`_tap_norms`).
+Each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, registered when the taps are made
+(Dynamo refuses `torch.library` inside a trace), that writes both tensors' fingerprints into
+preallocated buffers (`out=`), counts its call and notes the layer's form: no Python side effect,
+no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
 """
 
 from __future__ import annotations
