@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=2, help="alternating pairs after the warm-up (default 2)"
     )
     args = parser.parse_args(argv)
-    recorder = Recorder("verify_cost", f"benchmarks/verify_cost.py --rounds {args.rounds}")
+    recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {args.rounds}")
     from harness.child.tiny_checkpoint import build
     from harness.testenv import TestEnv
     from harness.ways_in import install_plugin
