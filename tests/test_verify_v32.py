@@ -1,15 +1,15 @@
-"""The in-worker check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py):
+"""The check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py):
 stock fails (the ranks hold different per-rank partial sums; the final id is missing), patched
-passes every check, final id included. The same `check_step`, final-norm probe and taps
-(vllm_hotfix/verify/taps.py) the engine's workers use, over vLLM's own TP group (gloo): each id is
-compared with the stream its decoder layer received, reduced over the ranks' partial
-`hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1), and faults planted in the
-patched states of a real forward (scaled, after a norm, off by one layer, zero, aliased to the
-final state, the final state after the norm, a previous step's) each fail the per-id check. On the
-newest release, under the GPU-only norm paths emulated on CPU (harness/child/gpu_norms.py: vLLM's
-CUDA fused add-RMSNorm works in place), stock's id 0 aliases the residual that layer 0's norms then
-overwrite: the check FAILs it, and passes it in the functional run and in the patched forward
-(which captures id 0 as a copy)."""
+passes every check, final id included. The same record and judgement (checks.py), final-norm
+probe and taps (vllm_hotfix/verify/taps.py) the command uses, the ranks' records gathered over
+vLLM's TP group (gloo): each id is compared with the stream its decoder layer received, reduced
+over the ranks' partial `hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1),
+and faults planted in the patched states of a real forward (scaled, after a norm, off by one
+layer, zero, aliased to the final state, the final state after the norm, a previous step's) each
+fail the per-id check. On the newest release, under the GPU-only norm paths emulated on CPU
+(harness/child/gpu_norms.py: vLLM's CUDA fused add-RMSNorm works in place), stock's id 0 aliases
+the residual that layer 0's norms then overwrite: the check FAILs it, and passes it in the
+functional run and in the patched forward (which captures id 0 as a copy)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_stock_ranks_disagree_and_the_check_fails(ranks) -> None:
         stock = _entry(rank, "stock", [1, 2, 3])
         assert not stock["ok"] and not stock["ranks_agree"]
         assert stock["ranks_rel_diff"] > 0.1, stock  # per-rank partial sums: measured 0.64 here
-        assert stock["count_ok"] and stock["failed_ranks"] == []  # only the exchange can see it
+        assert stock["count_ok"] and stock["failed_ranks"] == []  # only the ranks' records side by side
         with_final = _entry(rank, "stock", [1, 2, 3, 4])
         assert with_final["count_detail"] == "3 state(s) for 4 id(s)" and with_final["failed_ranks"] == [0, 1]
 

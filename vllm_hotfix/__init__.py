@@ -77,29 +77,28 @@ class _VllmImportTrigger:
         return None
 
 
-def _verify_requested() -> bool:
-    """VLLMHOTFIX_VERIFY set to anything but off: the check's own module reads it fully."""
-    return _os.environ.get("VLLMHOTFIX_VERIFY", "").strip().lower() not in (
-        "",
-        "0",
-        "false",
-        "no",
-        "off",
-        "none",
-    )
+def _verify_run() -> bool:
+    """This process belongs to the engine `vllm-hotfix verify` started (it sets these three)."""
+    names = ("VLLMHOTFIX_VERIFY_RUN_ID", "VLLMHOTFIX_VERIFY_REPORT", "VLLMHOTFIX_VERIFY_MODEL")
+    return all(_os.environ.get(name) for name in names)
 
 
 def _arm_engine() -> None:
-    """Arm the engine (and the check, if asked for); an error, even an import error of the policy
+    """Arm the engine (in the engine of `vllm-hotfix verify`, the check's hooks too); an error, even
+    an import error of the policy
     module itself, reaches the host only in strict mode: containment.py's policy, applied inline."""
     try:
         from vllm_hotfix import engine
 
         engine.arm()
-        if _verify_requested():
-            from vllm_hotfix.verify import seam
+        if _verify_run():
+            from vllm_hotfix.verify import hook
 
-            seam.arm()
+            hook.arm()
+        from vllm_hotfix.verify import settings as verify_settings
+
+        if verify_settings.retired_switch_set():  # the in-server check is retired: say how to check
+            _sys.stderr.write(verify_settings.RETIRED + "\n")
     except Exception as error:
         if _os.environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
             raise

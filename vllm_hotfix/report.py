@@ -61,18 +61,16 @@ def fix_statuses() -> list[dict[str, Any]]:
 
 
 def verify_status() -> dict[str, Any]:
-    """The in-worker check as this environment sets it (VLLMHOTFIX_VERIFY): on or off, its window,
-    where reports go, and any settings problem. Read without torch or vLLM."""
+    """The check in this environment: only `vllm-hotfix verify` runs it (in an engine of its own);
+    the retired in-server switch, if set. Read without torch or vLLM."""
     from vllm_hotfix.verify import settings as verify_settings
 
     found = verify_settings.read()
     return {
-        "on": found.steps > 0,
-        verify_settings.VERIFY_VAR: os.environ.get(verify_settings.VERIFY_VAR),
-        "steps": found.steps,
-        "report_dir": found.report_dir,
         "run_id": found.run_id,
-        "tokens": found.tokens,
+        "report_dir": found.report_dir,
+        "model": found.model,
+        "retired_switch": os.environ.get(verify_settings.VERIFY_VAR),
         "problem": found.problem,
     }
 
@@ -123,14 +121,12 @@ def format_text(status: dict[str, Any]) -> str:
     ]
     lines += [f"settings problem: {problem}" for problem in settings["problems"]]
     verify = status["verify"]
-    if verify["on"]:
-        where = verify["report_dir"] or "none (VLLMHOTFIX_VERIFY_REPORT unset: log lines only)"
-        lines.append(
-            f"verify: on, the first {verify['steps']} steps that carry aux states (each on its first"
-            f" {verify['tokens']} tokens at most); reports: {where}"
-        )
+    if verify["run_id"]:
+        lines.append(f"verify: this is the engine of `vllm-hotfix verify` run {verify['run_id']}")
     else:
-        lines.append("verify: off (VLLMHOTFIX_VERIFY=1 checks the aux states in every vLLM worker)")
+        lines.append("verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states")
+    if verify["retired_switch"]:
+        lines.append("verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing")
     if verify["problem"]:
         lines.append(f"settings problem: {verify['problem']}")
     for fix in status["fixes"]:

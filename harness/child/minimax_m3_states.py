@@ -174,18 +174,18 @@ def _full_tensor(name: str, shape: tuple[int, ...], kind: str, dtype: object) ->
 def verify_variants(
     model: object, args: argparse.Namespace, functions: dict, inputs: tuple, step: object
 ) -> list[dict]:
-    """For each id list of --verify-variants, the in-worker check's `check_step` on each function's
-    states, with the package's taps (vllm_hotfix/verify/taps.py) attached as the engine's model
-    loader attaches them: after the graphs are counted, so their counts do not include the taps."""
+    """For each id list of --verify-variants, the check of each function's states over the TP group
+    (harness/child/verify_group.py), with the package's taps (vllm_hotfix/verify/taps.py) attached as the
+    check's hook attaches them: after the graphs are counted, so their counts do not include the taps."""
     if not args.verify_variants:
         return []
     import dataclasses
 
     import torch
+    from verify_group import check_in_group  # this script's directory is on sys.path
     from vllm.distributed.parallel_state import get_tp_group
 
     from vllm_hotfix.verify import taps as taps_mod
-    from vllm_hotfix.verify.checks import check_step
 
     taps = taps_mod.attach(model, HIDDEN, 64)
     out = []
@@ -196,9 +196,7 @@ def verify_variants(
                 result = function(model, *inputs)
             hidden, aux = (result[0], list(result[1])) if isinstance(result, tuple) else (result, [])
             ids = list(variant)
-            check = check_step(
-                aux, hidden, ids, len(PROMPT), HIDDEN, get_tp_group(), taps=taps, final_id=args.layers
-            )
+            check = check_in_group(aux, hidden, ids, HIDDEN, get_tp_group(), taps=taps, final_id=args.layers)
             out.append({"ids": ids, "label": label, "ok": check.ok, **dataclasses.asdict(check)})
     return out
 

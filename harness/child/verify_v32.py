@@ -4,8 +4,9 @@ TP=1 or TP=2, stock and patched, through the same tensor-parallel group vLLM's w
 The model is built as harness/child/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
 TP groups over gloo, weight loaders; stand-in attention with DSA's tensor-parallel contract), dense
 layers only. For each id list, stock (vLLM's function, kept by the hotfix as `__wrapped__`) and the
-patched forward run on the same inputs, and each rank calls `check_step` on what came back, with the
-final norm observed as the engine's check observes it (`seam._final_norm_note`) and every id
+patched forward run on the same inputs, and each rank records what came back and the ranks' records
+are judged together (harness/child/verify_group.py), with the final norm observed as the engine's check
+observes it (`hook.final_norm_note`) and every id
 compared with what its decoder layer received (the package's taps, vllm_hotfix/verify/taps.py,
 attached as the engine's model loader attaches them). Then, on the patched states of the last id
 list (which must hold the final id), faults are planted by this script, each checked on its own:
@@ -36,12 +37,12 @@ from tp_model import finish_loading, forward_step, rank_record, tp_groups
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     os.environ["VLLM_DIST_IDENT"] = f"verify-v32-{port}"
     import torch
+    from verify_group import check_in_group  # this script's directory is on sys.path
     from vllm.distributed.parallel_state import get_tp_group
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM: the model module is patched at its import)
     from vllm_hotfix.verify import taps as taps_mod
-    from vllm_hotfix.verify.checks import check_step
-    from vllm_hotfix.verify.seam import _final_norm_note
+    from vllm_hotfix.verify.hook import final_norm_note
 
     module = v32_states.model_module_with_stand_in(args.vendor)
     dtype = getattr(torch, args.dtype)
@@ -62,7 +63,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         taps = taps_mod.attach(model, v32_states.HIDDEN, 64)
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
-        final_norm, final_note = _final_norm_note(model)
+        final_norm, final_note = final_norm_note(model)
         ids_tensor = torch.tensor(v32_states.PROMPT)
         positions = torch.arange(len(v32_states.PROMPT))
         step = functools.partial(forward_step, vllm_config, len(v32_states.PROMPT))
@@ -74,11 +75,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
         def check(label: str, ids: list[int], hidden: object, aux: list) -> None:
             final_index = ids.index(args.layers) if args.layers in ids else None
-            found = check_step(
+            found = check_in_group(
                 aux,
                 hidden,
                 ids,
-                len(v32_states.PROMPT),
                 v32_states.HIDDEN,
                 get_tp_group(),
                 final_index,

@@ -1,18 +1,15 @@
-"""The in-worker check of the aux hidden states (VLLMHOTFIX_VERIFY), and `vllm-hotfix verify`.
+"""`vllm-hotfix verify`: a pre-flight check of the aux hidden states, in an engine of its own.
 
-Wrong aux states are silent: a draft or a training set built from them is simply worse. So, when a
-user asks for it, every vLLM worker checks the states its model hands to the runner, for the first
-few steps, and logs one verdict line per process:
+Wrong aux states are silent: a draft or a training set built from them is simply worse. The command
+starts vLLM with the user's flags, hooks only the model, checks every forward of a bounded workload
+and gives one verdict:
 
-- `settings.py`: the switches (VLLMHOTFIX_VERIFY, VLLMHOTFIX_VERIFY_REPORT,
-  VLLMHOTFIX_VERIFY_TIMEOUT, and the run id VLLMHOTFIX_VERIFY_RUN_ID set by the command), read
-  without torch;
-- `checks.py`: the checks of one step (count and shape, ranks agree, finite, final id), with torch;
-- `exchange.py`: the one exchange per checked step between the TP ranks (CPU group, deadline,
-  handshake), which a rank whose check raised still joins;
-- `window.py`: the steps of one process together: verdict, log line, JSON report, hint;
-- `seam.py`: where the runner receives the states, probed per loaded runner class, and the
-  wrapper put there for the window only;
-- `command.py`: `vllm-hotfix verify MODEL`, which starts vLLM with the check on;
-- `outcome.py`: that command's verdict and exit code from the workers' reports of its run.
+- `command.py`: the command (its plan, the engine, the workload, the output);
+- `settings.py`: the switches the command sets for its engine, read without torch;
+- `hook.py`: in each engine process, the hooks on the model class the engine builds;
+- `taps.py`: what each decoder layer received (module hooks, one custom op);
+- `checks.py`, `reference.py`: a forward's record in a rank, and its judgement over the ranks;
+- `combine.py`: the ranks' records after the run, one report per rank;
+- `outcome.py`: the run's verdict and exit code;
+- `inductor_order.py`: torch's fix of a lost write-before-read order, where the taps need it.
 """

@@ -1,13 +1,12 @@
-"""The checks of one step's aux hidden states, independent of the model class.
+"""The checks of one forward's aux hidden states, independent of the model class, in two halves.
 
-Every tensor-parallel rank calls `check_step` on the same steps, with the same requested ids and
-token count (the scheduler's, shared by the group), and every stage of its step (the count and
-shapes, the projection, the float32 copies, the final norm, the payload) runs inside one try: a
-rank whose stage raised still makes the step's one exchange (exchange.py, over vLLM's CPU group
-with a deadline), sending its error instead of a body. Every rank then judges from what came back:
-a rank that raised is an error (the verdict is UNKNOWN unless a real failure was seen), a rank with
-missing or malformed states sends NaN fingerprints and fails the count check. Nothing here writes
-to a state: fingerprints and norms are computed on copies.
+`record` runs in each rank, in the model's forward hook (hook.py): the count and shapes, the
+fingerprints of the states and of the taps, finiteness and the final id, as one flat body that the
+rank writes to the run's report directory (or its error, by stage). `judge_step` runs in the
+command after the run, on the bodies of every tensor-parallel rank for the same forward: ranks
+agree, each rank's own checks, and the per-id comparison (reference.py). The ranks exchange
+nothing: the fingerprint is linear, so a reduced stream is the sum of the ranks' bodies. Nothing
+here writes to a state: fingerprints and norms are computed on copies.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ def tolerance(dtype: Any) -> float:
 
 @dataclass
 class StepCheck:
-    """What one step showed, on this rank and (through the exchange) on every rank of its group."""
+    """What one forward showed, on one rank and on every rank of its tensor-parallel group."""
 
     tokens: int
     count_ok: bool
@@ -57,7 +56,7 @@ class StepCheck:
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
     final_error: str | None = None  # why this rank could not apply the final norm
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
-    exchange_note: str | None = None  # why the exchange gave nothing usable (deadline, mismatch)
+    missing_note: str | None = None  # why the ranks' records cannot be combined (missing, mismatch)
     per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
     checked: int | None = None  # the tokens compared, the step's first ones (None: all `tokens`)
 
@@ -76,15 +75,15 @@ class StepCheck:
 
     @property
     def complete(self) -> bool:
-        """Every rank built its part and the exchange delivered it."""
-        return not self.errors and self.exchange_note is None
+        """Every rank recorded its part of this forward."""
+        return not self.errors and self.missing_note is None
 
     @property
     def ok(self) -> bool:
         return self.complete and not self.failed
 
 
-# The stages of a step, in order; a rank whose check raises at one still joins the exchange.
+# The stages of a record, in order; a rank whose check raises at one records its error instead.
 STAGES = ("step", "record", "shapes", "projection", "float32", "final-norm", "payload", "judge")
 
 
@@ -96,7 +95,7 @@ def error_text(stage: str, error: BaseException) -> str:
 def parse_error(rank: int, text: str) -> dict[str, Any]:
     stage, _, message = text.partition(": ")
     if stage not in STAGES:
-        stage, message = "exchange", text
+        stage, message = "record", text
     return {"rank": rank, "stage": stage, "message": message}
 
 
@@ -104,9 +103,11 @@ def rel_rows(a: Any, b: Any) -> Any:
     """Per row: |a - b| / |b| (rows of float32), 0 where both are 0."""
     import torch
 
-    difference = torch.linalg.vector_norm(a - b, dim=-1)
-    scale = torch.linalg.vector_norm(b, dim=-1)
-    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale.clamp_min(1e-30))
+    difference = torch.linalg.vector_norm(a - b, dim=-1, dtype=torch.float64)  # no float32 overflow
+    scale = torch.linalg.vector_norm(b, dim=-1, dtype=torch.float64)
+    return torch.where(
+        difference == 0, torch.zeros_like(difference), difference / scale.clamp_min(1e-30)
+    ).float()
 
 
 def _final_fails(value: float, limit: float) -> bool:
@@ -184,135 +185,136 @@ def unpack(bodies: Any, wanted: int, capacity: int, checked: int) -> tuple[Any, 
     return bodies[:, :3], prints, scales[:, :, :checked]
 
 
-def check_step(
+def record(
     aux: Sequence[Any] | Any,
     hidden_states: Any,
     ids: Sequence[int],
-    tokens: int,
     hidden_size: int,
-    group: Any,
+    max_tokens: int,
     final_index: int | None = None,
     final_norm: FinalNorm | None = None,
-    *,
-    max_tokens: int | None = None,
-    window: int | None = None,
-    deadline_s: float = 60.0,
-    error: str | None = None,
     taps: Any = None,
-    final_id: int | None = None,
-) -> StepCheck:
-    """Check one step (`taps`, `final_id`: the model's taps and final layer id, for the per-id
-    comparison of reference.py). `aux`: what the model returned as aux states; `ids`: the requested layer ids;
-    `tokens`: the real (unpadded) token count; `group`: vLLM's GroupCoordinator of the TP group, or
-    None alone; `final_index`: the position in `ids` of the final layer's id, with `final_norm`
-    to observe it (the model's output must equal the final norm of that state). `max_tokens`: the
-    most tokens a step of this window compares (default `tokens`; a longer step is compared on its
-    first `max_tokens`, and the exchange carries the compared tokens only, so a decode step sends a
-    few floats per id, not the window's capacity);
-    `window`: its length, checked in the handshake; `error`: what already failed before this call
-    (`error_text`), so this rank only joins the exchange.
-
-    Every stage up to the payload runs inside one try: whatever raises, this rank still makes the
-    step's one exchange (exchange.py), with its error instead of a body, and every rank judges
-    from what came back."""
+) -> dict[str, Any]:
+    """This rank's record of one forward: `aux`, what the model returned as aux states for `ids`;
+    `hidden_states`, its output (the final norm's output when `final_index` names the final id's
+    position in `ids`, observed with `final_norm`); a longer forward is recorded on its first
+    `max_tokens` tokens. A stage that raises gives `error` instead of `body` (never raised)."""
     import torch
 
-    from vllm_hotfix.verify import exchange as exchange_mod
-
-    capacity = max(int(max_tokens or tokens), 1)
-    checked = min(tokens, capacity)  # a longer step is checked on its first `capacity` tokens
-    sent = max(checked, 1)  # rows per id on the wire: the step's, not the window's capacity
-    wanted = len(ids)
-    size = body_size(ids, sent) + len(ids) * reference.block_size(sent)
-    count_ok, detail, dtype, final_error, body = False, "not checked", torch.float32, None, None
-    rows = None  # the forward's rows (padding included): tells sequence-parallel shards (reference.py)
+    tokens = int(hidden_states.shape[0]) if isinstance(hidden_states, torch.Tensor) else 0
+    checked = min(tokens, max(int(max_tokens), 1))
+    sent = max(checked, 1)
+    found: dict[str, Any] = {"tokens": tokens, "checked": checked, "sent": sent, "rows": None}
+    found.update(count_ok=False, detail="not checked", tolerance=TOLERANCE_32BIT, final_error=None)
     stage = "shapes"
     try:
-        if error is not None:
-            raise _Joined(error)
         states = list(aux) if isinstance(aux, (list, tuple)) else []
         count_ok, detail, shaped = shapes(states, ids, tokens, hidden_size)
+        found.update(count_ok=count_ok, detail=detail)
         first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
-        rows = int(states[0].shape[0]) if count_ok and states else None
-        device, dtype = first.device, first.dtype
+        found["rows"] = int(states[0].shape[0]) if count_ok and states else None
+        device = first.device
+        found["tolerance"] = tolerance(first.dtype)
         stage = "projection"
         proj = projection(hidden_size, device)
         stage = "float32"
-        prints, scales, finite = fingerprints(states, shaped, wanted, checked, proj)
+        prints, scales, finite = fingerprints(states, shaped, len(ids), checked, proj)
         stage = "final-norm"
         final = torch.tensor(-1.0, device=device)  # -1: not checked
         if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
-            try:  # a norm that cannot be applied here makes the final id n/a, not the step an error
+            try:  # a norm that cannot be applied here makes the final id n/a, not the forward an error
                 expected = final_norm(states[final_index][:checked]).float()
                 final = rel_rows(expected, hidden_states[:checked].float()).max()
             except Exception as norm_error:
                 final = torch.tensor(-1.0, device=device)
-                final_error = (
+                found["final_error"] = (
                     f"the final norm could not be applied: {type(norm_error).__name__}: {norm_error}"
                 )
         stage = "payload"
         body = payload(count_ok, finite, final, prints, scales, sent)
-        body = torch.cat([body, reference.blocks(taps, ids, checked, body.device, sent)])
-    except _Joined as joined:
-        error, body = str(joined), None
-    except Exception as raised:  # never skip the exchange: the other ranks would wait in it
-        error, body = error_text(stage, raised), None
-    hello = {"ids": list(ids), "hidden_size": int(hidden_size), "window": window, "max_tokens": capacity}
-    got = exchange_mod.exchange(body, size, error, group, deadline_s, hello=hello)
-    try:  # the same data on every rank: a judge that raises raises on all of them alike
-        found = judge(got, ids, tokens, checked, sent, group, dtype, count_ok, detail, final_error)
-        if got.problem is None:
-            main = body_size(ids, sent)
-            _, prints, scales = unpack(got.bodies[:, :main], len(ids), sent, checked)
-            blocks = got.bodies[:, main:].reshape(-1, len(ids), reference.block_size(sent))
-            limit = tolerance(dtype)
-            found.per_id = reference.judge(
-                ids, checked, prints, scales, blocks, limit, taps, final_id, sent, rows
-            )
-        return found
+        found["body"] = torch.cat([body, reference.blocks(taps, ids, checked, body.device, sent)]).cpu()
+        found["notes"] = reference.notes(taps, ids)
     except Exception as raised:
-        own = 0 if group is None else group.rank_in_group
+        found["error"] = error_text(stage, raised)
+    return found
+
+
+@dataclass
+class Gathered:
+    """What the ranks recorded for one forward, side by side."""
+
+    bodies: Any  # [world, size] float32
+    errors: list[str | None]
+    problem: str | None = None
+
+
+def judge_step(
+    records: Sequence[dict[str, Any] | None], ids: Sequence[int], own_rank: int, final_id: int | None
+) -> StepCheck:
+    """One forward judged from every tensor-parallel rank's record (None: that rank has none), as
+    rank `own_rank` reports it. Every rank's report judges the same data alike."""
+    import torch
+
+    world = len(records)
+    mine = records[own_rank] or {}
+    tokens, checked = int(mine.get("tokens", 0)), mine.get("checked")
+    count_ok, detail = bool(mine.get("count_ok")), str(mine.get("detail", "not recorded"))
+    final_error = mine.get("final_error")
+    limit = float(mine.get("tolerance", TOLERANCE_32BIT))
+    missing = [rank for rank, found in enumerate(records) if found is None]
+    errors = [None if found is None else found.get("error") for found in records]
+    sizes = {(found["tokens"], found["sent"]) for found in records if found and "body" in found}
+    problem = None
+    if missing:
+        problem = f"no record of this forward from rank(s) {missing}"
+    elif len(sizes) > 1:
+        problem = f"the ranks recorded forwards of different sizes {sorted(sizes)}"
+    sent = next(iter(sizes))[1] if len(sizes) == 1 else 1
+    width = max((found["body"].numel() for found in records if found and "body" in found), default=1)
+    bodies = torch.full((world, width), float("nan"))
+    for rank, found in enumerate(records):
+        if found and "body" in found and problem is None:
+            bodies[rank] = found["body"]
+    got = Gathered(bodies, [e if e else None for e in errors], problem)
+    try:
+        step = judge(
+            got, ids, tokens, checked or 0, sent, world, own_rank, limit, count_ok, detail, final_error
+        )
+        if problem is None and not any(errors):
+            main = body_size(ids, sent)
+            _, prints, scales = unpack(bodies[:, :main], len(ids), sent, checked)
+            blocks = bodies[:, main:].reshape(world, len(ids), reference.block_size(sent))
+            notes = next((f["notes"] for f in records if f and any(f.get("notes") or [])), [None] * len(ids))
+            step.per_id = reference.judge(
+                ids, checked, prints, scales, blocks, limit, notes, final_id, sent, mine.get("rows")
+            )
+        return step
+    except Exception as raised:
         text = error_text("judge", raised)
         return StepCheck(
-            tokens,
-            count_ok,
-            detail,
-            True,
-            None,
-            None,
-            0.0,
-            None,
-            tolerance(dtype),
-            errors=[parse_error(own, text)],
-            final_error=final_error,
-            checked=checked,
-        )
-
-
-class _Joined(Exception):
-    """An error from before check_step: this rank only joins the exchange."""
+            tokens, count_ok, detail, True, None, None, 0.0, None, limit,
+            errors=[parse_error(own_rank, text)], final_error=final_error, checked=checked,
+        )  # fmt: skip
 
 
 def judge(
-    got: Any,
+    got: Gathered,
     ids: Sequence[int],
     tokens: int,
     checked: int,
     capacity: int,
-    group: Any,
-    dtype: Any,
+    world: int,
+    own_rank: int,
+    limit: float,
     count_ok: bool,
     detail: str,
     final_error: str | None,
 ) -> StepCheck:
-    """The step's verdict from what every rank sent: ranks that raised are errors (not failures),
-    the others are compared with the first of them."""
+    """The forward's verdict from what every rank recorded: ranks that raised are errors (not
+    failures), the others are compared with the first of them."""
     import torch
 
-    world = 1 if group is None else group.world_size
-    own_rank = 0 if group is None else group.rank_in_group
     errors = [parse_error(r, text) for r, text in enumerate(got.errors) if text]
-    limit = tolerance(dtype)
     if got.problem is not None:
         return StepCheck(
             tokens,

@@ -1,14 +1,18 @@
-"""`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: start vLLM with the check on, run prompts of
-the asked lengths and batch sizes, read the workers' JSON reports of this run and give one verdict.
+"""`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: a pre-flight. Start an engine of its own
+with the user's flags, compiled as vLLM's default and with CUDA graphs off through vLLM's public
+compilation config (`cudagraph_mode: NONE`; `--enforce-eager` stays the user's choice), run a
+bounded workload of prompts, and judge every forward of it from the ranks' records.
 
-Exit codes: 0 PASS, 1 FAIL, 2 nothing could be checked (UNKNOWN), 3 the command or vLLM failed
-(bad options or engine arguments, vLLM's own error, the --timeout). Engine arguments are parsed by
-the installed vLLM's own parser (EngineArgs.add_cli_args), so every `vllm serve` flag works. Only
-the verdict goes to stdout (one JSON document with --json): vLLM's log is sent to stderr.
+Exit codes (vllm_hotfix/exit_codes.py): 0 PASS, 1 FAIL, 2 not everything checked (UNKNOWN), 3 the
+command or vLLM failed (vLLM refusing the engine arguments, its own error, the --timeout), 4 a usage
+error (before vLLM is imported; an unwritable report directory too). Engine arguments are parsed
+by the installed vLLM's own parser (EngineArgs.add_cli_args), so every `vllm serve` flag works.
+Only the verdict goes to stdout (one JSON document with --json): vLLM's log is sent to stderr.
 
-The check itself runs in vLLM's workers (seam.py), armed there by the `vllm.general_plugins` entry
-point that a pip install of vllm-hotfix registers (or its site hook): this command only sets the
-switches, drives the engine and reads the reports (outcome.py judges them).
+The engine's processes hook the model (hook.py), armed there by the `vllm.general_plugins` entry
+point that a pip install of vllm-hotfix registers (or its site hook), and write their records to
+the run's report directory; after the run this command combines them (combine.py) and judges the
+run (outcome.py). The ranks exchange nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import glob
 import json
-import math
 import os
 import shutil
 import signal
@@ -30,15 +32,16 @@ import traceback
 import uuid
 from typing import Any, TextIO
 
+from vllm_hotfix import exit_codes
 from vllm_hotfix.verify import inductor_order
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
-PREFILL_CHUNK = 256  # the smallest prefill chunk assumed when sizing the window (an upper bound)
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
-SCHEMA = 1  # "schema" in the --json document; raised when a key changes meaning or goes
+SCHEMA = 2  # "schema" in the --json document; raised when a key changes meaning or goes (2: no window)
+VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
@@ -52,7 +55,11 @@ DUMMY_CAVEAT = (
 
 
 class CommandError(Exception):
-    """A problem with the command's options or engine arguments: exit 3, in one line."""
+    """vLLM refused the engine arguments, or the run could not go on: exit 3, in one line."""
+
+
+class UsageError(Exception):
+    """A bad option or path, found before vLLM is imported: exit 4, in one line."""
 
 
 def check_ids(ids: list[int], layers: int) -> None:
@@ -93,16 +100,6 @@ def _batches(text: str) -> list[int]:
     return _numbers(text, "batch sizes", 1)
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of steps") from None
-    if value < 2:  # VLLMHOTFIX_VERIFY=1 means the default window, not one step
-        raise argparse.ArgumentTypeError(f"{text!r}: check at least 2 steps")
-    return value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -111,14 +108,6 @@ def _seconds(text: str) -> float:
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds > 0")
     return value
-
-
-def window_steps(lengths: list[int], batches: list[int]) -> int:
-    """Steps enough to cover the whole workload: every prefill chunk (at least PREFILL_CHUNK tokens
-    each) and the decode steps of every generate call. An over-estimate costs only the top-up
-    decode steps that fill the window; an under-estimate would leave the last prompts unchecked."""
-    prefills = sum(b * math.ceil(n / PREFILL_CHUNK) for b in batches for n in lengths)
-    return max(2, prefills + DECODE * len(batches) * len(lengths))
 
 
 def _plugin_reachable() -> bool:
@@ -143,21 +132,6 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def read_reports(directory: str) -> list[dict[str, Any]]:
-    """Every worker report in `directory`, of any run; an unreadable file is skipped (a report is
-    written atomically, so a half-written one is a stranger's)."""
-    reports = []
-    for path in sorted(glob.glob(os.path.join(directory, "verify-*.json"))):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                found = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        if isinstance(found, dict):
-            reports.append(found)
-    return reports
-
-
 def _figure(value: Any) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
@@ -170,8 +144,10 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         if r.get("model") is not None:
             lines.append(f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')},")
             lines[-1] += f" vLLM {r.get('vllm_version')}"
+            compiled = r.get("compilation") or {}
             lines.append(
-                f"  steps checked: {r.get('steps')} of {r.get('steps_wanted')} (tokens {r.get('tokens')})"
+                f"  forwards checked: {r.get('steps')} (tokens {r.get('tokens')}); compilation mode"
+                f" {compiled.get('mode')}, CUDA graphs {compiled.get('cudagraph_mode')}"
             )
             checked = r.get("checked_tokens")
             if checked is not None and checked != r.get("tokens"):
@@ -206,9 +182,6 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             lines.append(
                 f"  error on rank {error.get('rank')} at {error.get('stage')}: {error.get('message')}"
             )
-        exchange = r.get("exchange")
-        if isinstance(exchange, dict) and (exchange.get("ok") is False or exchange.get("note")):
-            lines.append(f"  exchange: {'ok' if exchange.get('ok') else 'FAILED'} ({exchange.get('note')})")
         if r.get("failed_ranks"):
             lines.append(f"  failed on ranks: {r['failed_ranks']}")
         for key in ("note", "hint"):
@@ -226,7 +199,6 @@ class Plan:
     engine_args: list[str]
     run_id: str
     report_dir: str
-    steps: int
     lengths: list[int]
     batches: list[int]
     ids: list[int] | None = None  # None: the user's own speculative config decides them
@@ -235,7 +207,8 @@ class Plan:
     load_format: str | None = None
     skipped_lengths: list[int] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
-    top_up_rounds: int = 0  # generate calls of decode steps run to fill the workers' windows
+    model_class: str | None = None  # `module:Class`, resolved by vLLM's registry (hook.py hooks it)
+    compilation: dict[str, Any] | None = None  # the modes the engine ran with
 
     @property
     def caveats(self) -> list[str]:
@@ -294,24 +267,39 @@ class _Run:
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self, error: str | None = None, timed_out: bool = False) -> None:
-        """Judge, print, stop the engine, exit. Called once (the watchdog may race the main thread)."""
+        """Stop the engine (its processes have written every record), combine, judge, print, exit.
+        Called once (the watchdog may race the main thread)."""
         if not self.lock.acquire(blocking=False):
             time.sleep(3600)  # the other thread is ending the process
+        self.stop_engine(forced=timed_out or self.llm is None)
         plan = self.plan
-        reports = read_reports(plan.report_dir) if plan is not None else []
+        reports, ignored = [], 0
+        if plan is not None:
+            try:
+                from vllm_hotfix.verify import combine
+
+                reports, ignored = combine.read_run(plan.report_dir, plan.run_id)
+            except Exception as failed:  # e.g. no torch: the command's own failure
+                error = error or f"the reports could not be combined: {_one_line(failed)}"
         run_id = plan.run_id if plan is not None else ""
         world = plan.world if plan is not None else outcome_mod.World()
-        judged = outcome_mod.judge(reports, run_id, world, error)
+        judged = outcome_mod.judge(reports, run_id, world, error, ignored)
+        document = self.document(judged, timed_out)
+        if plan is not None and self.own_dir is None:  # beside the records, in a directory kept
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.join(plan.report_dir, plan.run_id), exist_ok=True)
+                path = os.path.join(plan.report_dir, plan.run_id, VERDICT_FILE)
+                with open(path, "w", encoding="utf-8") as out:
+                    json.dump(document, out, indent=2)
         try:
             if self.args.json:
-                print(json.dumps(self.document(judged, timed_out), indent=2), file=self.stdout)
+                print(json.dumps(document, indent=2), file=self.stdout)
             else:
                 print(self.text(judged), file=self.stdout)
             self.stdout.flush()
             sys.stderr.flush()
         except Exception:
             pass
-        self.stop_engine(forced=timed_out or self.llm is None)
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
         os._exit(judged.exit_code)  # vLLM's engine processes may hold the interpreter's exit
@@ -330,7 +318,9 @@ class _Run:
             for child in children:
                 with contextlib.suppress(Exception):
                     child.send_signal(signal.SIGTERM if not forced else signal.SIGKILL)
-            psutil.wait_procs(children, timeout=10)
+            # after vLLM's own shutdown what is left is mostly multiprocessing's resource tracker,
+            # which ignores SIGTERM: waiting 10 s on it was a tenth of a tiny model's whole check
+            psutil.wait_procs(children, timeout=2)
             for child in children:
                 with contextlib.suppress(Exception):
                     child.kill()
@@ -345,7 +335,7 @@ class _Run:
 
     # -- output --------------------------------------------------------------------------------
     def text(self, judged: outcome_mod.Outcome) -> str:
-        lines = [format_reports(judged.reports) or "no worker reported a check for this run"]
+        lines = [format_reports(judged.reports) or "no worker recorded a forward of this run"]
         plan = self.plan
         if judged.ignored and plan is not None:
             lines.append(
@@ -360,7 +350,7 @@ class _Run:
             lines.append(f"vLLM stopped with an error: {judged.error}")
         elif not judged.error and not judged.reports and not judged.ignored:
             lines.append(
-                "no report came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
+                "no record came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
             )
         lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
         return "\n".join(lines)
@@ -387,10 +377,10 @@ class _Run:
                 "prompt_lengths": plan.lengths,
                 "skipped_lengths": plan.skipped_lengths,
                 "batch_sizes": plan.batches,
-                "steps": plan.steps,
                 "decode_tokens": DECODE,
-                "top_up_rounds": plan.top_up_rounds,
             },
+            "model_class": plan.model_class if plan else None,
+            "compilation": plan.compilation if plan else None,
             "load_format": plan.load_format if plan else None,
             "caveats": plan.caveats if plan else [],
             "notes": plan.notes if plan else [],
@@ -408,22 +398,24 @@ class _Run:
         lengths = args.prompt_lengths or list(DEFAULT_LENGTHS)
         batches = args.batch_sizes or list(DEFAULT_BATCHES)
         report_dir = args.report_dir
-        if not report_dir:
+        if report_dir:
+            writable(report_dir)
+        else:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         plan = Plan(
             model=args.model,
             engine_args=list(args.engine_args),
             run_id=uuid.uuid4().hex,
             report_dir=report_dir,
-            steps=args.steps or window_steps(lengths, batches),
             lengths=sorted(set(lengths)),
             batches=sorted(set(batches)),
         )
         self.plan = plan  # from here on the output names the report directory and the run id
-        # Before vLLM is imported (by its argument parser): this process arms on that import.
-        os.environ[verify_settings.VERIFY_VAR] = str(plan.steps)
+        # Before vLLM is imported (by its argument parser): every process of the engine inherits them.
+        os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
         os.environ[verify_settings.REPORT_VAR] = report_dir
         os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
+        keyed_compile_cache()
         self.phase = "parsing the engine arguments"
         namespace = parse_engine_args(args.model, plan.engine_args)
         plan.world = outcome_mod.World(
@@ -433,6 +425,13 @@ class _Run:
         )
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
         engine = engine_args_from(namespace, plan.engine_args)
+        self.phase = "reading the model's config"
+        try:
+            config = engine.create_model_config()
+        except Exception as error:
+            raise CommandError(
+                f"vLLM refused the engine arguments {plan.engine_args}: {_one_line(error)}"
+            ) from error
         own = engine.speculative_config
         if own:
             if args.ids:
@@ -443,8 +442,6 @@ class _Run:
             plan.method = f"your --speculative-config (method {_spec_method(own)!r})"
             plan.ids = None
         else:
-            self.phase = "reading the model's config"
-            config = engine.create_model_config()
             layers = int(config.hf_text_config.num_hidden_layers)
             if args.ids:
                 check_ids(args.ids, layers)
@@ -454,6 +451,13 @@ class _Run:
                 "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
             }
+        no_cuda_graphs(engine)
+        self.phase = "resolving the model class"
+        plan.model_class = model_class(config)
+        os.environ[verify_settings.MODEL_VAR] = plan.model_class
+        from vllm_hotfix.verify import hook
+
+        hook.arm()  # this process too: an engine vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         self.engine = engine
         return plan
 
@@ -471,8 +475,8 @@ class _Run:
         _say(
             f"starting vLLM with {args.model} ({plan.world.tensor_parallel} tensor x"
             f" {plan.world.pipeline_parallel} pipeline parallel; {plan.method}; aux ids"
-            f" {plan.ids if plan.ids is not None else 'from your speculative config'}; {plan.steps} checked"
-            f" steps; run {plan.run_id}); vLLM's own log follows. Reports: {plan.report_dir}"
+            f" {plan.ids if plan.ids is not None else 'from your speculative config'}; model class"
+            f" {plan.model_class}; run {plan.run_id}); vLLM's own log follows. Records: {plan.report_dir}"
         )
         self.phase = "starting vLLM"
         from vllm import LLM, SamplingParams
@@ -480,6 +484,7 @@ class _Run:
         options = {f.name: getattr(self.engine, f.name) for f in dataclasses.fields(self.engine) if f.init}
         try:
             self.llm = LLM(**options)
+            plan.compilation = _modes(self.llm)
             model_config = self.llm.llm_engine.model_config
             vocab, max_len = model_config.get_vocab_size(), int(model_config.max_model_len)
             plan.skipped_lengths = [n for n in plan.lengths if n + DECODE > max_len]
@@ -489,17 +494,7 @@ class _Run:
                 )
             plan.lengths = [n for n in plan.lengths if n + DECODE <= max_len]
             _say(f"vLLM started in {time.monotonic() - self.started:.0f} s")
-            counter = 0
-            greedy = SamplingParams(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
-            for batch in plan.batches:
-                for length in plan.lengths:
-                    self.phase = f"generating {batch} prompt(s) of {length} tokens"
-                    prompts = []
-                    for _ in range(batch):  # distinct prompts: no prefix cache hit hides a prefill
-                        prompts.append({"prompt_token_ids": _prompt(counter, length, vocab)})
-                        counter += 1
-                    self.llm.generate(prompts, greedy, use_tqdm=False)
-            self.top_up(plan, vocab, max_len, counter, SamplingParams)
+            run_workload(self.llm, plan, vocab, SamplingParams, self)
         except CommandError:
             raise
         except Exception as error:  # vLLM's own error: exit 3, with whatever the check saw
@@ -509,45 +504,122 @@ class _Run:
         self.phase = "reading the reports"
         self.finish()
 
-    def top_up(self, plan: Plan, vocab: int, max_len: int, counter: int, sampling: Any) -> None:
-        """Decode steps until every expected process has reported (its window is full): the window
-        is sized as an upper bound, so the workload alone may not fill it. A step carries one token,
-        or up to 1 + k when the drafter's k tokens are accepted (extract_hidden_states' draft is
-        accepted whenever the model repeats the sampled token), so the rounds are bounded by the
-        window filling at one step per 1 + k tokens; past that bound (or --timeout) more decode
-        steps cannot help, and the run says so."""
-        length = min(16, max(1, max_len - 4))
-        tokens = max(1, min(plan.steps + 2, max_len - length))
-        per_step = 1 + _speculative_tokens(self.engine.speculative_config if self.engine else None)
-        rounds = 1 + math.ceil(plan.steps * per_step / tokens)
-        for attempt in range(rounds + 1):
-            mine = [r for r in read_reports(plan.report_dir) if r.get("run_id") == plan.run_id]
-            if len(mine) >= plan.world.processes:
-                return
-            if attempt == rounds:
+
+def run_workload(llm: Any, plan: Plan, vocab: int, sampling: Any, run: Any = None) -> None:
+    """Each prompt length in each batch size, greedy, DECODE tokens each: its prefill and decode
+    forwards are all checked. Distinct prompts: no prefix-cache hit hides a prefill."""
+    counter = 0
+    greedy = sampling(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
+    for batch in plan.batches:
+        for length in plan.lengths:
+            if run is not None:
+                run.phase = f"generating {batch} prompt(s) of {length} tokens"
+            prompts = []
+            for _ in range(batch):
+                prompts.append({"prompt_token_ids": _prompt(counter, length, vocab)})
+                counter += 1
+            llm.generate(prompts, greedy, use_tqdm=False)
+
+
+def model_class(config: Any) -> str:
+    """`module:Class` of the model vLLM will build, read from its registry's entry without importing
+    the model's module (importing deepseek_v2 alone takes about 30 s on a 2-core machine, serially
+    before the engine starts). The entry's path is what the loader imports where nothing else
+    applies (no conversion, vLLM's own implementation); otherwise vLLM's `get_model_architecture`,
+    which the loader calls itself, resolves it (importing it)."""
+    registry = getattr(config, "registry", None)
+    plain = str(getattr(config, "convert_type", "none") or "none") == "none"
+    if registry is not None and plain and str(getattr(config, "model_impl", "auto")) in ("auto", "vllm"):
+        for arch in getattr(config, "architectures", None) or []:
+            try:
+                entry = registry.models.get(registry._normalize_arch(arch, config))
+            except Exception:
+                entry = None
+            if getattr(entry, "module_name", None) and getattr(entry, "class_name", None):
+                return f"{entry.module_name}:{entry.class_name}"
+            if entry is not None:
                 break
-            plan.top_up_rounds = attempt + 1
-            self.phase = f"filling the window with decode steps (round {attempt + 1} of at most {rounds})"
-            prompt = {"prompt_token_ids": _prompt(counter + attempt, length, vocab)}
-            self.llm.generate(
-                [prompt], sampling(max_tokens=tokens, temperature=0.0, ignore_eos=True), use_tqdm=False
-            )
-        plan.notes.append(
-            f"{len(mine)} of {plan.world.processes} worker report(s) after {rounds} round(s) of {tokens}"
-            f" decode tokens, enough for {plan.steps} steps at {per_step} token(s) per step: the"
-            " missing workers' windows did not fill (is the check armed there?)"
-        )
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    cls, _ = get_model_architecture(config)
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _speculative_tokens(config: Any) -> int:
-    """The draft tokens a step may add (num_speculative_tokens; 1 when not said)."""
-    found = config.get("num_speculative_tokens") if isinstance(config, dict) else None
-    if config is not None and not isinstance(config, dict):
-        found = getattr(config, "num_speculative_tokens", None)
+def writable(directory: str) -> None:
+    """UsageError unless `directory` can be made and written (before the engine starts)."""
+    probe = os.path.join(directory, f".vllm-hotfix-probe-{os.getpid()}")
     try:
-        return max(1, int(found or 1))
-    except (TypeError, ValueError):
-        return 1
+        os.makedirs(directory, exist_ok=True)
+        with open(probe, "w", encoding="utf-8") as out:
+            out.write("")
+        os.remove(probe)
+    except OSError as error:
+        raise UsageError(f"--report-dir {directory}: not writable ({error.strerror or error})") from None
+
+
+def no_cuda_graphs(engine: Any) -> None:
+    """CUDA graphs off through vLLM's public compilation config (`cudagraph_mode: NONE`, where the
+    release has it): every forward then runs the compiled code, with the taps. Not with
+    --enforce-eager, which compiles nothing and captures no graph."""
+    if getattr(engine, "enforce_eager", False):
+        return
+    config = getattr(engine, "compilation_config", None)
+    if isinstance(config, dict):
+        config["cudagraph_mode"] = "NONE"
+    elif config is not None and hasattr(config, "cudagraph_mode"):
+        from vllm.config import CUDAGraphMode
+
+        config.cudagraph_mode = CUDAGraphMode.NONE
+
+
+def _modes(llm: Any) -> dict[str, Any]:
+    """The compilation and CUDA-graph modes the engine ran with, read from its config."""
+    try:
+        config = llm.llm_engine.vllm_config.compilation_config
+        mode = getattr(config, "mode", getattr(config, "level", None))
+        graphs = getattr(config, "cudagraph_mode", None)
+        return {
+            "mode": str(getattr(mode, "name", mode)),
+            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
+        }
+    except Exception as error:
+        return {"mode": None, "cudagraph_mode": None, "error": _one_line(error)}
+
+
+CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
+CHECKED_CACHES = "vllm-hotfix-verify"  # the directory, under vLLM's cache root, of checked runs' caches
+
+
+def checked_cache_key() -> str:
+    """What a graph traced with the taps depends on beyond vLLM's own key: the check's code (the
+    traced hooks, the op's schema, the fingerprint's directions) and the package version."""
+    import hashlib
+    from pathlib import Path
+
+    from vllm_hotfix._version import __version__
+
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def keyed_compile_cache() -> None:
+    """The check's engine keeps vLLM's compile caches under `<vLLM's cache root>/vllm-hotfix-verify/<key>`:
+    vLLM's ahead-of-time artifact is keyed on its version, the forward's name and line, the config
+    and its own environment, not on hooks, so in a shared directory a checked run could load a graph
+    traced without the taps (every id `n/a`), and store one with them for engines without the check.
+    A root keyed by the check's code keeps them apart. Set before vLLM reads it (its processes
+    inherit it); a user's VLLM_DISABLE_COMPILE_CACHE=1 still applies."""
+    root = os.environ.get(CACHE_ROOT_VAR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm"
+    )
+    root = os.path.expanduser(root).rstrip(os.sep)
+    key = checked_cache_key()
+    if os.path.basename(os.path.dirname(root)) == CHECKED_CACHES:
+        os.environ[CACHE_ROOT_VAR] = os.path.join(os.path.dirname(root), key)
+        return
+    os.environ[CACHE_ROOT_VAR] = os.path.join(root, CHECKED_CACHES, key)
 
 
 def _prompt(index: int, length: int, vocab: int) -> list[int]:
@@ -578,6 +650,8 @@ def run_with(runner: _Run) -> int:
     watchdog.start()
     try:
         runner.main()
+    except UsageError as error:
+        _usage_exit(str(error))
     except CommandError as error:
         if args.debug:
             traceback.print_exc()
@@ -590,27 +664,31 @@ def run_with(runner: _Run) -> int:
         runner.finish(f"the command failed while {runner.phase}: {_one_line(error)}")
     finally:
         watchdog.cancel()  # reached only where finish did not exit (a stood-in os._exit)
-    return outcome_mod.EXIT_ERROR  # not reached: finish exits
+    return exit_codes.ERROR  # not reached: finish exits
 
 
 json_usage = False  # set by cli.parse when --json is among verify's own options
 
 
+def _usage_exit(message: str, usage: str | None = None) -> Any:
+    """Exit 4 at once, in one line on stderr (and one JSON document on stdout under --json)."""
+    print(f"vllm-hotfix verify: error: {message} (exit {exit_codes.USAGE})", file=sys.stderr)
+    if json_usage:  # a pipeline reading stdout gets a document, not nothing
+        document = {
+            "schema": SCHEMA,
+            "verdict": outcome_mod.UNKNOWN,
+            "exit_code": exit_codes.USAGE,
+            "reason": "usage error",
+            "error": message,
+            "usage": usage,
+        }
+        print(json.dumps(document, indent=2), flush=True)
+    sys.exit(exit_codes.USAGE)
+
+
 def _usage_error(parser: argparse.ArgumentParser) -> Any:
     def error(message: str) -> Any:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {message} (exit 3)", file=sys.stderr)
-        if json_usage:  # a pipeline reading stdout gets a document, not nothing
-            document = {
-                "schema": SCHEMA,
-                "verdict": outcome_mod.UNKNOWN,
-                "exit_code": outcome_mod.EXIT_ERROR,
-                "reason": "usage error",
-                "error": message,
-                "usage": parser.format_usage().strip(),
-            }
-            print(json.dumps(document, indent=2), flush=True)
-        sys.exit(outcome_mod.EXIT_ERROR)
+        _usage_exit(message, parser.format_usage().strip())
 
     return error
 
@@ -619,15 +697,15 @@ def add_parser(commands: Any) -> None:
     verify = commands.add_parser(
         "verify",
         allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of one of ours
-        help="start vLLM on MODEL with the aux-state check on and say whether the states are right",
+        help="a pre-flight: start vLLM on MODEL with your flags; say whether the aux states are right",
         usage="vllm-hotfix verify MODEL [options] [-- ENGINE ARGS (any `vllm serve` flag)]",
-        description="Starts vLLM with the check on (VLLMHOTFIX_VERIFY) and extract_hidden_states (or"
-        " your own --speculative-config), runs prompts of each length in each batch size, and prints"
-        " the verdict of vLLM's own workers for this run, per rank, per check and per id. Exit codes:"
-        " 0 PASS, 1 FAIL, 2 nothing could be checked, 3 the command or vLLM failed. Engine arguments"
-        " (after `--`, or any flag this command does not know) go unchanged to the installed vLLM's"
-        " own parser, e.g. `-- --tensor-parallel-size 8 --quantization fp8`. VLLMHOTFIX_STRICT=1"
-        " stops the engine at the first failed check.",
+        description="Starts an engine of its own with your flags and extract_hidden_states (or your"
+        " own --speculative-config), compiled as vLLM's default with CUDA graphs off, runs prompts of"
+        " each length in each batch size, checks every forward of them and prints the verdict per"
+        " rank, per check and per id. Exit codes: 0 PASS, 1 FAIL, 2 not everything checked, 3 the"
+        " command or vLLM failed, 4 usage error. Engine arguments (after `--`, or any flag this"
+        " command does not know) go unchanged to the installed vLLM's own parser, e.g."
+        " `-- --tensor-parallel-size 8 --quantization fp8`: give it your server's flags.",
     )
     verify.error = _usage_error(verify)  # type: ignore[method-assign]
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
@@ -647,11 +725,6 @@ def add_parser(commands: Any) -> None:
     verify.add_argument(
         "--batch-sizes", type=_batches, help="prompts per generate call, each length in each (default 1,4)"
     )
-    verify.add_argument(
-        "--steps",
-        type=_steps,
-        help="steps to check, >= 2 (default: enough to cover every prompt's prefill and decode)",
-    )
     verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
     verify.add_argument(
         "--timeout",
@@ -662,7 +735,7 @@ def add_parser(commands: Any) -> None:
     verify.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     verify.add_argument(
         "--report-dir",
-        help="where the workers write their JSON reports; on storage every node sees in multi-node runs"
-        " (default: a new temporary directory, removed at the end)",
+        help="where the engine's processes write their records (a directory per run id); on storage"
+        " every node sees in multi-node runs (default: a new temporary directory, removed at the end)",
     )
     verify.set_defaults(run=run, engine_args=[])

@@ -1,15 +1,12 @@
-"""The verdict of one `vllm-hotfix verify` run, from the workers' JSON reports: pure, no vLLM, no torch.
+"""The verdict of one `vllm-hotfix verify` run, from the ranks' combined reports (combine.py): pure,
+no vLLM, no torch.
 
-A run PASSes only when every worker process the engine arguments imply reported, with this run's
-id, a window that ran to its end and passed, every requested id compared with its layer's stream
-on at least one checked step (the report's `coverage`). A report of another run (a stale file in
-the report directory) never counts; a missing rank, a window cut short, an error in a rank's
-check, a failed exchange or an id not compared make the run UNKNOWN; a FAIL anywhere is a FAIL,
-even if vLLM stopped afterwards (the bug's own crash, strict mode). An UNKNOWN after which the
-workers' strict mode stopped vLLM (their reports say `stops_run`) stays UNKNOWN, exit 2: the stop
-is the check's, not vLLM's failure.
-Otherwise, when vLLM or the command failed and no FAIL was seen, the exit code is 3 whatever the
-reports say.
+A run PASSes only when every worker process the engine arguments imply reported for this run,
+every forward it recorded passed on every rank, and every requested id was compared with its
+layer's stream on at least one forward (the report's `coverage`). Another run's records never
+count; a missing rank, an error in a rank's record or an id not compared make the run UNKNOWN
+(exit 2); a FAIL anywhere is a FAIL (exit 1), even if vLLM stopped afterwards (the bug's own crash).
+Otherwise, when vLLM or the command failed and no FAIL was seen, the exit code is 3.
 """
 
 from __future__ import annotations
@@ -17,16 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN, EXIT_ERROR = 0, 1, 2, 3
+from vllm_hotfix import exit_codes
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNKNOWN = exit_codes.OK, exit_codes.WRONG, exit_codes.INCOMPLETE
+EXIT_ERROR, EXIT_USAGE = exit_codes.ERROR, exit_codes.USAGE
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
 
 @dataclass(frozen=True)
 class World:
     """The worker processes that must report, as the engine arguments imply: every tensor rank of
-    the last pipeline stage (of each data-parallel engine). vLLM's model runner returns the other
-    stages' intermediate tensors before any aux state exists (`if not get_pp_group().is_last_rank:
-    return hidden_states`, and the drafter lives on the last stage only), so they check nothing."""
+    the last pipeline stage (of each data-parallel engine). The other stages' models return
+    intermediate tensors, never aux states, so they record nothing to judge."""
 
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
@@ -61,7 +60,7 @@ def _rank_name(report: dict[str, Any]) -> str:
 
 
 def _problems_of(report: dict[str, Any]) -> list[str]:
-    """What in one PASS-or-not report keeps the run from passing (empty: it passed in full)."""
+    """What in one report keeps the run from passing (empty: it passed in full)."""
     name = _rank_name(report)
     found = []
     coverage = report.get("coverage")
@@ -69,37 +68,30 @@ def _problems_of(report: dict[str, Any]) -> list[str]:
     note = report.get("note")
     if report.get("verdict") != PASS:
         if not note and missing:
-            note = "ids " + ", ".join(str(m.get("id")) for m in missing) + " not compared on any checked step"
+            note = "ids " + ", ".join(str(m.get("id")) for m in missing) + " not compared on any forward"
         found.append(f"{name}: {report.get('verdict')}" + (f" ({note})" if note else ""))
     elif not isinstance(coverage, dict) or (not coverage.get("ok") and not missing):
         found.append(f"{name}: its report does not say that every requested id was compared")
     if not report.get("note"):  # coverage is the reason: say why each id was not compared
-        found += [
-            f"{name}: id {m.get('id')} not compared on any checked step: {m.get('why')}" for m in missing
-        ]
-    if report.get("verdict") == PASS and report.get("steps", 0) < report.get("steps_wanted", 0):
-        found.append(
-            f"{name}: the window was cut short, {report.get('steps')} of {report.get('steps_wanted')}"
-            " steps checked"
-        )
-    for error in report.get("errors") or []:
-        found.append(
-            f"{name}: the check raised on rank {error.get('rank')} at {error.get('stage')}:"
-            f" {error.get('message')}"
-        )
-    exchange = report.get("exchange")
-    if isinstance(exchange, dict) and exchange.get("ok") is False:
-        found.append(f"{name}: the exchange between ranks failed: {exchange.get('note')}")
+        found += [f"{name}: id {m.get('id')} not compared on any forward: {m.get('why')}" for m in missing]
     return found
 
 
-def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None) -> Outcome:
-    """The run's verdict and exit code, from every report found (any run) and vLLM's error, if any."""
+def judge(
+    reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None, ignored: int = 0
+) -> Outcome:
+    """The run's verdict and exit code, from every report found and vLLM's error, if any;
+    `ignored`: other runs' reports found beside them (never counted)."""
     ours = sorted(
         (r for r in reports if r.get("run_id") == run_id),
-        key=lambda r: (r.get("rank") is None, r.get("rank") or 0, str(r.get("host")), r.get("pid") or 0),
+        key=lambda r: (
+            r.get("data_parallel_rank") or 0,
+            r.get("rank") or 0,
+            str(r.get("host")),
+            r.get("pid") or 0,
+        ),
     )
-    ignored = len(reports) - len(ours)
+    ignored += len(reports) - len(ours)
     failed = [r for r in ours if r.get("verdict") == FAIL]
     if failed:
         ranks = ", ".join(_rank_name(r) for r in failed)
@@ -124,22 +116,16 @@ def judge(reports: list[dict[str, Any]], run_id: str, world: World, error: str |
                 f" not {world.tensor_parallel}"
             )
         problems += _problems_of(report)
-    if error is not None and any(r.get("stops_run") for r in ours):
-        # the check's own strict stop (VLLMHOTFIX_STRICT=1), not a failure of vLLM: its verdict stands
-        reason = (problems[0] if problems else "the check could not complete") + (
-            f"; then strict mode stopped vLLM: {error}"
-        )
-        return Outcome(UNKNOWN, EXIT_UNKNOWN, reason, ours, ignored, problems, error)
     if error is not None:
         return Outcome(UNKNOWN, EXIT_ERROR, error, ours, ignored, problems, error)
     if not ours:
-        reason = "no worker reported a check for this run" + (
+        reason = "no worker recorded a forward of this run" + (
             f" ({ignored} report(s) of other runs ignored)" if ignored else ""
         )
         return Outcome(UNKNOWN, EXIT_UNKNOWN, reason, ours, ignored, problems)
     if problems:
         return Outcome(UNKNOWN, EXIT_UNKNOWN, problems[0], ours, ignored, problems)
-    reason = f"every one of the {world.processes} worker process(es) checked its whole window and passed"
+    reason = f"every forward of the {world.processes} worker process(es) was checked and passed"
     return Outcome(PASS, EXIT_PASS, reason, ours, ignored, problems)
 
 

@@ -1,10 +1,10 @@
 """Per id: the captured state against what the model's layer actually received (taps.py), judged.
 
-Each rank puts into the step's one exchange, per requested id, a block of `block_size(capacity)`
-floats (capacity: the rows the exchange's body holds per id, at least the checked tokens):
-[calls since the last check, rows the tap saw, fingerprint of the layer's `hidden_states`
-(capacity x K), fingerprint of its `residual` (capacity x K)], NaN beyond the checked tokens.
-After the exchange every rank judges every rank's states the same way:
+Each rank records per forward, per requested id, a block of `block_size(capacity)` floats
+(capacity: the rows its record holds per id, at least the checked tokens): [calls since the last
+record, rows the tap saw, fingerprint of the layer's `hidden_states` (capacity x K), fingerprint of
+its `residual` (capacity x K)], NaN beyond the checked tokens, and per id why it cannot be compared
+(`notes`), if so. The command then judges every rank's states of that forward the same way:
 
 - the layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ by
   more than the tolerance (a replicated tensor is bit-identical on the ranks of a correct group;
@@ -69,7 +69,8 @@ def project(rows: Any, matrix: Any, out: Any, norms: Any = None) -> Any:
         chunk = rows[start : start + CHUNK_ROWS].float()
         torch.matmul(chunk, matrix, out=out[start : start + CHUNK_ROWS])
         if norms is not None:
-            norms[start : start + CHUNK_ROWS] = torch.linalg.vector_norm(chunk, dim=-1)
+            # in float64: a float32 sum of squares overflows from about 1e19 per entry
+            norms[start : start + CHUNK_ROWS] = torch.linalg.vector_norm(chunk, dim=-1, dtype=torch.float64)
             finite = finite & torch.isfinite(chunk).all()
     return finite
 
@@ -80,9 +81,9 @@ def rel_prints(a: Any, b: Any, scale: Any) -> Any:
     never inf (a zero state against a non-zero reference gives 1); NaN (a missing state) stays NaN."""
     import torch
 
-    difference = torch.linalg.vector_norm(a - b, dim=-1)
-    scale = torch.maximum(scale, torch.linalg.vector_norm(b, dim=-1))
-    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale)
+    difference = torch.linalg.vector_norm(a - b, dim=-1, dtype=torch.float64)  # no float32 overflow
+    scale = torch.maximum(scale.double(), torch.linalg.vector_norm(b, dim=-1, dtype=torch.float64))
+    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale).float()
 
 
 def block_size(capacity: int) -> int:
@@ -133,16 +134,16 @@ def judge(
     scales: Any,
     tap_blocks: Any,
     tolerance: float,
-    taps: Any,
+    notes: Sequence[str | None],
     final_id: int | None,
     capacity: int | None = None,
     rows: int | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints
     of the checked tokens, `scales`: [world, ids, tokens] their rows' norms (checks.fingerprints);
-    `tap_blocks`: [world, ids, block_size(capacity)], both from the exchange
-    (CPU); `rows`: the rows of the step's forward (the captured states', padding included), which
-    tells sequence-parallel shards from whole tensors (`_shard_rows`)."""
+    `tap_blocks`: [world, ids, block_size(capacity)], all from the ranks' records; `notes`: per id
+    why it cannot be compared (`notes`), or None; `rows`: the rows of the forward (the captured
+    states', padding included), which tells sequence-parallel shards from whole tensors."""
     import torch
 
     world = prints.shape[0]
@@ -158,11 +159,10 @@ def judge(
             "why": None,
         }
         entries.append(entry)
-        site = taps.site(layer_id) if taps is not None else None
         body = tap_blocks[:, i, HEAD:].reshape(world, 2, capacity, K)[:, :, :tokens]
         hidden, residual = body[:, 0], body[:, 1]
         chunk = _shard_rows(tap_blocks[:, i, 1], residual, scales[0, i], rows, tolerance)
-        why = _not_comparable(taps, site, layer_id, tokens, tap_blocks[:, i], prints[:, i], chunk)
+        why = notes[i] or _not_comparable(tokens, tap_blocks[:, i], prints[:, i], chunk)
         if why is not None:
             entry["why"] = why
             continue
@@ -218,27 +218,36 @@ def _shard_rows(seen: Any, residual: Any, scale: Any, rows: int | None, toleranc
     return chunk if not spread <= tolerance else None
 
 
-def _not_comparable(
-    taps: Any, site: int | None, layer_id: int, tokens: int, block: Any, prints: Any, chunk: int | None = None
-) -> str | None:
-    """Why there is nothing to compare id `layer_id` with, or None. `block`: [world, block_size]."""
+def notes(taps: Any, ids: Sequence[int]) -> list[str | None]:
+    """Per id, why this rank's taps give nothing to compare it with (read after the forward: the
+    op notes each layer's form as it runs), or None."""
+    if taps is None:
+        return ["no taps on this model (its decoder layers were not found)"] * len(ids)
+    found: list[str | None] = []
+    for layer_id in ids:
+        site = taps.site(layer_id)
+        if site is None:
+            last = taps.start + taps.sites - 1
+            found.append(
+                f"id {layer_id} is not tapped on this rank (its layers' boundaries {taps.start}..{last})"
+            )
+        else:
+            found.append(taps.form(site))
+    return found
+
+
+def _not_comparable(tokens: int, block: Any, prints: Any, chunk: int | None = None) -> str | None:
+    """Why there is nothing to compare an id with in this forward's blocks, or None.
+    `block`: [world, block_size]."""
     import torch
 
-    if taps is None:
-        return "no taps on this model (its decoder layers were not found at load, or not tapped)"
-    if site is None:
-        last = taps.start + taps.sites - 1
-        return f"id {layer_id} is not tapped on this rank (its layers' boundaries {taps.start}..{last})"
-    form = taps.form(site)
-    if form is not None:
-        return form
     if bool(torch.isnan(block[:, 0]).any()):
         return "a rank has no tap for this id"
     if bool((block[:, 0] < 1).any()):
         ranks = [r for r in range(block.shape[0]) if block[r, 0] < 1]
         return (
-            f"the tap did not run in this step on rank(s) {ranks} (a compiled graph or CUDA graph"
-            " made without the taps, e.g. served from a cache)"
+            f"the tap did not run in this forward on rank(s) {ranks} (a compiled graph made without"
+            " the taps, e.g. served from a cache)"
         )
     short = [r for r in range(block.shape[0]) if block[r, 1] < tokens]
     if short and chunk is None:
@@ -246,8 +255,6 @@ def _not_comparable(
             f"the layer saw {int(block[short[0], 1])} rows for {tokens} tokens (micro-batches of"
             " dual-batch overlap, or shards of a layout the check does not know)"
         )
-    if tokens > taps.max_tokens:
-        return f"{tokens} tokens is more than the taps' buffers hold ({taps.max_tokens})"
     if bool(torch.isnan(prints).any()):
         return "a rank has no well-formed state for this id (see count)"
     return None

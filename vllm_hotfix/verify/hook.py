@@ -1,0 +1,290 @@
+"""The check's one contact with vLLM: module hooks on the model its engine asked for aux states.
+
+`vllm-hotfix verify` starts its own engine and names, in its environment (settings.py), the model
+class vLLM's registry resolved for the checkpoint, the run and the report directory. In every
+process of that engine a post-import hook on the class's module sets, on that class, a
+`set_aux_hidden_state_layers` that calls the one it inherits and then hooks the instance:
+
+- vLLM's runner calls that method on the target model only, right after loading it and before
+  any forward, compile or CUDA-graph capture; a draft model (even of a subclass) is never asked
+  and gets nothing, and the ids hooked are the ones the model was asked for;
+- the taps (taps.py: forward hooks on decoder layers and norms, its custom op registered there,
+  before any trace) are traced into vLLM's compiled forward with the rest of the model;
+- a forward hook on the instance itself (the outer `*ForCausalLM`, which `@support_torch_compile`
+  does not decorate, so its hooks run eagerly around the compiled inner model) sees what the model
+  returns, `(hidden_states, aux_hidden_states)`, and records every forward (checks.record) to
+  `<report dir>/<run id>/<rank>/`, with the rank's facts beside it.
+
+Why the model class and not a loader or a runner: the fixes already change model classes, a class
+resolved by vLLM's own registry is exactly what the engine builds, and nothing of vLLM's runner,
+worker, engine, executor, distributed, compilation or model-loader code is replaced. From vLLM's
+runtime this module only reads facts (ranks, world sizes, the compilation config). It never
+raises into vLLM: an error is recorded for its forward and the command's verdict is not PASS.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import logging
+import os
+import socket
+import sys
+import textwrap
+import threading
+import types
+from typing import Any
+
+from vllm_hotfix import containment
+from vllm_hotfix.verify import settings as verify_settings
+
+logger = logging.getLogger("vllm.hotfix")
+SETTER = "set_aux_hidden_state_layers"
+_lock = threading.Lock()
+_armed = {"done": False}
+
+
+def arm() -> None:
+    """In a process of the command's engine: a post-import hook on the named class's module."""
+    found = verify_settings.read()
+    if not found.armed or _armed["done"]:
+        return
+    import wrapt
+
+    from vllm_hotfix.verify import inductor_order
+
+    with _lock:
+        if _armed["done"]:
+            return
+        _armed["done"] = True
+        module_name, _, class_name = str(found.model).partition(":")
+        wrapt.register_post_import_hook(lambda module: _on_import(module, class_name), module_name)
+        # torch's fix for a lost write-before-read order in inductor's C++ backend (inductor_order.py)
+        wrapt.register_post_import_hook(inductor_order.on_import, inductor_order.MODULE)
+
+
+def _on_import(module: types.ModuleType, class_name: str) -> None:
+    try:
+        cls = getattr(module, class_name, None)
+        inherited = getattr(cls, SETTER, None)
+        if not isinstance(cls, type) or not callable(inherited) or getattr(inherited, "_vllm_hotfix", False):
+            return
+
+        def set_aux_hidden_state_layers(self: Any, layers: Any) -> Any:
+            result = inherited(self, layers)
+            try:
+                Recorder(self, [int(i) for i in layers])
+            except Exception as error:
+                containment.report_error("verify: the model not hooked", error)
+            return result
+
+        set_aux_hidden_state_layers._vllm_hotfix = True  # type: ignore[attr-defined]
+        set_aux_hidden_state_layers.__qualname__ = f"{class_name}.{SETTER}"
+        setattr(cls, SETTER, set_aux_hidden_state_layers)
+    except Exception as error:
+        containment.report_error("verify: not armed", error)
+
+
+def _ranks() -> dict[str, int]:
+    """This process's place in every parallel dimension (read from vLLM's groups; 0 of 1 if absent)."""
+    found = {}
+    for name in ("tp", "pp", "dp"):
+        try:
+            from vllm.distributed import parallel_state
+
+            group = getattr(parallel_state, f"get_{name}_group")()
+            found[name], found[f"{name}_world"] = int(group.rank_in_group), int(group.world_size)
+        except Exception:
+            found[name], found[f"{name}_world"] = 0, 1
+    return found
+
+
+def _dummy_forward() -> bool:
+    """vLLM's forward context has no attention metadata: a dummy forward (`_dummy_run`), not a step."""
+    try:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        return is_forward_context_available() and get_forward_context().attn_metadata is None
+    except Exception:
+        return False
+
+
+def _compilation() -> dict[str, Any]:
+    """The compilation mode and CUDA-graph mode this engine runs with (the report says which ran)."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        config = get_current_vllm_config().compilation_config
+        mode = getattr(config, "mode", getattr(config, "level", None))
+        graphs = getattr(config, "cudagraph_mode", None)
+        return {
+            "mode": str(getattr(mode, "name", mode)),
+            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
+        }
+    except Exception as error:
+        return {"mode": None, "cudagraph_mode": None, "error": f"{type(error).__name__}: {error}"}
+
+
+class Recorder:
+    """The hooks on one target model and what they write: facts once, a record per forward."""
+
+    def __init__(self, model: Any, ids: list[int]) -> None:
+        from vllm_hotfix.verify import taps as taps_mod
+
+        found = verify_settings.read()
+        self.ids = ids
+        self.max_tokens = found.tokens
+        self.holder = next((sub for sub in model.modules() if taps_mod.aux_ids(sub)), None)
+        self.hidden_size = taps_mod.hidden_size(model)
+        config = getattr(model, "config", None)
+        text = getattr(config, "get_text_config", lambda: config)()
+        layers = getattr(text, "num_hidden_layers", None)
+        self.final_id = int(layers) if isinstance(layers, int) else None
+        self.final_index = ids.index(layers) if layers in ids else None
+        self.final_norm, final_note = None, f"the final id {layers} is not requested"
+        self.taps = None
+        if self.holder is not None and self.hidden_size is not None:
+            self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
+            if self.final_index is not None:
+                self.final_norm, final_note = final_norm_note(self.holder)
+        self.ranks = _ranks()
+        self.steps = 0
+        self.directory = os.path.join(
+            str(found.report_dir),
+            str(found.run_id),
+            f"dp{self.ranks['dp']}-pp{self.ranks['pp']}-tp{self.ranks['tp']}-{socket.gethostname()}-{os.getpid()}",
+        )
+        os.makedirs(self.directory, exist_ok=True)
+        holder = self.holder if self.holder is not None else model
+        vllm = sys.modules.get("vllm")
+        self.facts: dict[str, Any] = {
+            "run_id": found.run_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            **self.ranks,
+            "model": type(model).__name__,
+            "model_class": f"{type(holder).__module__}.{type(holder).__qualname__}",
+            "ids": ids,
+            "final_id": self.final_id,
+            "final_note": final_note,
+            "vllm_version": getattr(vllm, "__version__", None),
+            "hidden_size": self.hidden_size,
+            "max_tokens": self.max_tokens,
+            "compilation": _compilation(),
+            "taps": None if self.taps is None else sorted(self.taps.rows),
+            "hint": None,
+            "steps": 0,
+        }
+        self._write_facts()
+        model.register_forward_hook(self.after_forward)
+
+    def _write_facts(self) -> None:
+        path = os.path.join(self.directory, "facts.json")
+        with open(f"{path}.tmp", "w", encoding="utf-8") as out:
+            json.dump(self.facts, out, indent=2)
+        os.replace(f"{path}.tmp", path)
+
+    def after_forward(self, module: Any, args: Any, output: Any) -> None:
+        """Every forward of a step that returns aux states: its record, written before the runner
+        reads them. vLLM's dummy forwards (its memory profile, warm-ups, an idle data-parallel
+        rank's step) run without attention metadata on inputs that are no one's: on the tests' tiny
+        model their states reach 1e28, where a real model's may not be finite; they are counted,
+        not checked."""
+        if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
+            return None  # an earlier pipeline stage's intermediate tensors
+        if _dummy_forward():
+            self.facts["dummy_forwards"] = self.facts.get("dummy_forwards", 0) + 1
+            return None
+        try:
+            self.write(output[0], output[1])
+        except Exception as error:  # never break the host: the command sees the error, not a PASS
+            containment.report_error("verify: a forward not recorded", error)
+        return None
+
+    def write(self, hidden_states: Any, aux: Any) -> None:
+        import torch
+
+        from vllm_hotfix.verify import checks
+
+        odd = self.taps.odd_forms() if self.taps is not None else []
+        if odd and self.final_norm is not None:
+            # e.g. DeepSeek-V4's hyper-connection layers: its final aux is the model's own definition
+            # (a mean over the streams), not the final norm's input
+            self.final_norm = None
+            self.facts["final_note"] = f"the layers are not of the (hidden_states, residual) form ({odd[0]})"
+        if self.hidden_size is None:
+            found: dict[str, Any] = {"error": "step: the model's hidden size is not readable"}
+        else:
+            found = checks.record(
+                aux,
+                hidden_states,
+                self.ids,
+                self.hidden_size,
+                self.max_tokens,
+                self.final_index,
+                self.final_norm,
+                self.taps,
+            )
+        self.steps += 1
+        path = os.path.join(self.directory, f"step-{self.steps:06d}.pt")
+        torch.save(found, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+        if self.steps == 1:  # the fixes have decided by now, and inductor has scheduled
+            self.facts["hint"] = self._hint()
+            from vllm_hotfix.verify import inductor_order
+
+            self.facts["inductor_order"] = dict(inductor_order.outcome) or None
+        self.facts["steps"] = self.steps
+        self._write_facts()
+
+    def _hint(self) -> str | None:
+        """What to do should the command find a FAIL: the fix that covers the model, if any."""
+        from vllm_hotfix import engine
+        from vllm_hotfix.fixes import ALL_FIXES
+        from vllm_hotfix.verify.combine import hint
+
+        holder = self.holder
+        if holder is None:
+            return None
+        return hint(type(holder).__module__, engine.records(), ALL_FIXES, type(holder))
+
+
+def final_norm_note(inner: Any) -> tuple[Any, str]:
+    """The model's final norm as a function of the pre-norm sum, when its forward's last assignment
+    to hidden_states is `self.norm(...)`, or a fused op given `self.norm` (DeepseekV32's
+    fused_allreduce_rms_norm); else None and why not. The norm's own eager `forward_native` runs on
+    a copy of the state, outside any compiled graph: nothing compiled changes."""
+    norm = getattr(inner, "norm", None)
+    native = getattr(norm, "forward_native", None)
+    name = type(inner).__name__
+    if native is None:
+        return None, f"{name} has no vLLM norm `self.norm` to observe"
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None, f"{name}.forward's source is not readable"
+    last = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])[:1]
+                if any(isinstance(n, ast.Name) and n.id == "hidden_states" for n in names):
+                    if last is None or node.lineno > last.lineno:
+                        last = node
+    call = last.value if last is not None and isinstance(last.value, ast.Call) else None
+    direct = call is not None and ast.unparse(call.func) == "self.norm"
+    fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
+    if not (direct or fused):
+        return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
+    # the final id is the norm's input sum only where the norm is given (hidden_states, residual):
+    # DeepSeek-V4 ends with self.norm(hidden_states) after its hyper-connection head, and its final
+    # aux is a mean over the streams by definition, not what that norm reads
+    if len(call.args) < (2 if direct else 3):
+        return None, f"{name}'s final norm takes no residual: its final id is not the norm's input sum"
+
+    def final_norm(state: Any) -> Any:
+        out = native(state.clone())
+        return out[0] if isinstance(out, tuple) else out
+
+    return final_norm, f"the output of {name}.norm equals the norm of the final id's state"
