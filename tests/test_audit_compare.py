@@ -1,0 +1,113 @@
+"""The audit's reading of a dataset's headers and its per-id judgement, on files and states made
+here: every planted defect is `wrong` on exactly its id, with the cause its pattern shows."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from vllm_hotfix.audit import compare, files
+
+torch = pytest.importorskip("torch")
+safetensors = pytest.importorskip("safetensors.torch")
+
+IDS = [1, 2, 4]
+TOL = 1e-4
+
+
+def states(tokens: int = 12, hidden: int = 64, seed: int = 0) -> dict[int, object]:
+    generator = torch.Generator().manual_seed(seed)
+    return {i: torch.randn(tokens, hidden, generator=generator) for i in (0, 1, 2, 3, 4)}
+
+
+def stored_from(references: dict[int, object], ids: list[int] = IDS) -> object:
+    return torch.stack([references[i] for i in ids], dim=1).clone()
+
+
+def test_correct_states_are_ok_on_every_id() -> None:
+    references = states()
+    found = compare.judge(stored_from(references).to(torch.bfloat16), IDS, references, 2e-2)
+    assert [(e["id"], e["status"], e["wrong_tokens"]) for e in found] == [
+        (1, "ok", 0),
+        (2, "ok", 0),
+        (4, "ok", 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("plant", "cause"),
+    [
+        (lambda s, r: s[:, 1].zero_(), "zeros"),
+        (lambda s, r: s[:, 1].mul_(1.5), "scaled by 1.5"),
+        (lambda s, r: s[:, 1].copy_(r[1]), "an alias of id 1"),
+        (lambda s, r: s[:, 1].copy_(r[4]), "an alias of id 4"),
+        (lambda s, r: s[:, 1].copy_(r[3]), "the state of layer 3, a neighbouring layer (an id off by one)"),
+        (lambda s, r: s[:, 1].add_(0.3 * torch.randn_like(s[:, 1])), None),  # e.g. a partial sum
+        (lambda s, r: s[5:, 1].zero_(), "wrong on 7 of 12 tokens: zeros"),
+        (lambda s, r: s[11, 1].copy_(r[2][3]), "wrong on 1 of 12 tokens"),  # a padding row's overwrite
+    ],
+)
+def test_a_planted_defect_is_wrong_on_exactly_its_id(plant, cause: str | None) -> None:
+    references = states()
+    stored = stored_from(references)
+    plant(stored, references)
+    found = {e["id"]: e for e in compare.judge(stored, IDS, references, TOL)}
+    assert [i for i, e in found.items() if e["status"] == "wrong"] == [2]
+    assert found[2]["cause"] == cause and found[2]["max_rel_diff"] > TOL
+
+
+def test_a_non_finite_state_is_wrong() -> None:
+    references = states()
+    stored = stored_from(references)
+    stored[3, 0, 7] = float("nan")
+    found = compare.judge(stored, IDS, references, TOL)
+    assert found[0]["status"] == "wrong" and found[0]["first_wrong_token"] == 3
+
+
+def write(path: Path, tokens: int = 6, ids: int = 3, hidden: int = 16) -> Path:
+    safetensors.save_file(
+        {"hidden_states": torch.zeros(tokens, ids, hidden), "token_ids": torch.arange(tokens)}, str(path)
+    )
+    return path
+
+
+def test_a_good_header_gives_the_shapes(tmp_path: Path) -> None:
+    found = files.read_header(write(tmp_path / "a.safetensors"))
+    assert (found.tokens, found.ids, found.hidden, found.dtype, found.na) == (6, 3, 16, "F32", None)
+
+
+def test_bad_files_are_na_with_why(tmp_path: Path) -> None:
+    good = write(tmp_path / "good.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(good[:-10])
+    (tmp_path / "empty.safetensors").write_bytes(b"")
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
+    safetensors.save_file({"hidden_states": torch.zeros(2, 3, 4)}, str(tmp_path / "no-tokens.safetensors"))
+    safetensors.save_file(
+        {"hidden_states": torch.zeros(2, 4), "token_ids": torch.arange(2)}, str(tmp_path / "flat.safetensors")
+    )
+    header = json.dumps(
+        {
+            "hidden_states": {"dtype": "F32", "shape": [2, 1, 1], "data_offsets": [0, 8]},
+            "token_ids": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+        }
+    ).encode()
+    (tmp_path / "float-ids.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    said = {p.name: files.read_header(p).na for p in files.discover(tmp_path)}
+    assert said["good.safetensors"] is None
+    assert said["cut.safetensors"].startswith("truncated")
+    assert said["empty.safetensors"] == "truncated: no safetensors header"
+    assert said["junk.safetensors"].startswith("truncated or not a safetensors file")
+    assert said["no-tokens.safetensors"].startswith("no token_ids tensor")
+    assert "not [tokens, ids, hidden]" in said["flat.safetensors"]
+    assert said["float-ids.safetensors"] == "token_ids has dtype F32, not an integer type"
+
+
+def test_a_sample_is_reproducible_and_keeps_the_order(tmp_path: Path) -> None:
+    paths = [tmp_path / f"{i:03d}.safetensors" for i in range(50)]
+    first, again = files.choose(paths, 7, seed=3), files.choose(paths, 7, seed=3)
+    assert first == again and len(first) == 7 and first == sorted(first)
+    assert files.choose(paths, 7, seed=4) != first
+    assert files.choose(paths, None, seed=0) == paths == files.choose(paths, 99, seed=0)
