@@ -111,3 +111,50 @@ def test_a_sample_is_reproducible_and_keeps_the_order(tmp_path: Path) -> None:
     assert first == again and len(first) == 7 and first == sorted(first)
     assert files.choose(paths, 7, seed=4) != first
     assert files.choose(paths, None, seed=0) == paths == files.choose(paths, 99, seed=0)
+
+
+def test_token_ids_and_their_key_without_torch(tmp_path: Path) -> None:
+    path = tmp_path / "t.safetensors"
+    for dtype in (torch.int64, torch.int32):
+        safetensors.save_file(
+            {"hidden_states": torch.zeros(3, 1, 2), "token_ids": torch.tensor([7, 1024, 3], dtype=dtype)},
+            str(path),
+        )
+        found = files.read_header(path)
+        assert files.token_ids(found) == [7, 1024, 3]
+        assert files.tokens_key([7, 1024, 3]) == files.tokens_key(files.token_ids(found))
+    assert files.tokens_key([7, 1024, 3]) != files.tokens_key([7, 1024])
+
+
+def test_the_auditor_matches_a_forwards_prompts_to_files_and_judges_each(tmp_path: Path) -> None:
+    from vllm_hotfix.audit.worker import Auditor, segments
+
+    engine_ids = [0, 1, 2, 3, 4]
+    first, second = states(tokens=5, seed=1), states(tokens=3, seed=2)
+    tokens = {"a": [5, 6, 7, 8, 9], "b": [11, 12, 13]}
+    planted = stored_from(second)
+    planted[:, 2].copy_(second[3])  # id 4 holds layer 3's state
+    paths = {}
+    for name, stored in (("a", stored_from(first)), ("b", planted)):
+        paths[name] = str(tmp_path / f"{name}.safetensors")
+        safetensors.save_file({"hidden_states": stored, "token_ids": torch.tensor(tokens[name])}, paths[name])
+    out = tmp_path / "out"
+    out.mkdir()
+    manifest = {
+        "ids": IDS,
+        "tolerances": [2e-2, TOL],
+        "out": str(out),
+        "files": [{"path": paths[n], "tokens_key": files.tokens_key(tokens[n])} for n in ("a", "b")],
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    auditor = Auditor(str(tmp_path / "manifest.json"), engine_ids)
+
+    positions = torch.tensor([0, 1, 2, 0, 1, 2, 3, 4])  # b then a, in one forward
+    assert segments(positions) == [(0, 3), (3, 8)]
+    input_ids = torch.tensor(tokens["b"] + tokens["a"])
+    aux = [torch.cat([second[i], first[i]]) for i in engine_ids]
+    auditor.forward(input_ids, positions, aux)
+    a, b = (json.loads((out / f"{i}.json").read_text()) for i in (0, 1))
+    assert a["status"] == "ok" and [e["status"] for e in a["per_id"]] == ["ok"] * 3
+    assert b["status"] == "wrong" and [e["status"] for e in b["per_id"]] == ["ok", "ok", "wrong"]
+    assert b["per_id"][2]["cause"] == "the state of layer 3, a neighbouring layer (an id off by one)"

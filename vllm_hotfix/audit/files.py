@@ -7,9 +7,12 @@ reading its states, and without torch. Nothing here writes anything.
 
 from __future__ import annotations
 
+import array
+import hashlib
 import json
 import random
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,7 @@ class DataFile:
     hidden: int = 0
     dtype: str = ""
     na: str | None = None
+    tokens_at: tuple[int, int, str] = (0, 0, "I64")  # the token ids' byte range and dtype
 
 
 def discover(data: Path) -> list[Path]:
@@ -83,4 +87,34 @@ def read_header(path: Path) -> DataFile:
             return DataFile(path, na=f"truncated: {name} runs past the end of the file")
     if tokens["dtype"] not in ("I64", "I32"):
         return DataFile(path, na=f"{TOKENS} has dtype {tokens['dtype']}, not an integer type")
-    return DataFile(path, shape[0], shape[1], shape[2], states["dtype"])
+    begin, end = tokens["data_offsets"]
+    return DataFile(
+        path,
+        shape[0],
+        shape[1],
+        shape[2],
+        states["dtype"],
+        None,
+        (8 + length + begin, 8 + length + end, tokens["dtype"]),
+    )
+
+
+def token_ids(found: DataFile) -> list[int]:
+    """The file's token ids (little-endian int64 or int32, as safetensors stores them)."""
+    begin, end, dtype = found.tokens_at
+    with found.path.open("rb") as handle:
+        handle.seek(begin)
+        raw = handle.read(end - begin)
+    values = array.array("q" if dtype == "I64" else "i", raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tolist()
+
+
+def tokens_key(ids: list[int]) -> str:
+    """The key of a prompt's tokens, the same for a file and a forward (worker.py): sha256 of
+    their little-endian int64 bytes."""
+    values = array.array("q", ids)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return hashlib.sha256(values.tobytes()).hexdigest()

@@ -1,0 +1,73 @@
+"""In the engine's process that holds the aux states (tensor-parallel rank 0): each forward's
+prompts are matched to the dataset's files by their tokens, and each file is judged (compare.py)
+and its result written to the run's directory. One file is read at a time, so memory stays
+bounded whatever the dataset's size; the dataset is only read.
+
+A prompt is whole in one forward, from position 0: the audit's engine runs without prefix caching
+and with every prompt in one step (command.py); a prompt that arrives otherwise is `n/a`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_hotfix.audit import compare, files
+
+MANIFEST = "audit-manifest.json"
+
+
+def segments(positions: Any) -> list[tuple[int, int]]:
+    """(start, end) of each prompt of a forward: a prompt starts where its position is 0."""
+    starts = [int(i) for i in (positions == 0).nonzero().flatten()]
+    ends = [*starts[1:], int(positions.shape[0])]
+    return list(zip(starts, ends, strict=True))
+
+
+class Auditor:
+    """Judges the files whose tokens a forward carried; writes `<out>/<index>.json` per file."""
+
+    def __init__(self, manifest_path: str, engine_ids: Sequence[int]) -> None:
+        with open(manifest_path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        self.ids: list[int] = manifest["ids"]
+        self.tolerance_16bit, self.tolerance_32bit = manifest["tolerances"]
+        self.out: str = manifest["out"]
+        self.engine_ids = list(engine_ids)
+        self.by_tokens: dict[str, list[tuple[int, str]]] = {}
+        for index, entry in enumerate(manifest["files"]):
+            self.by_tokens.setdefault(entry["tokens_key"], []).append((index, entry["path"]))
+
+    def forward(self, input_ids: Any, positions: Any, aux: Sequence[Any]) -> None:
+        """One forward of the engine: its flattened tokens, positions and aux states (one
+        [tokens, hidden] tensor per engine id)."""
+        import torch
+
+        tolerance = self.tolerance_32bit if aux[0].dtype == torch.float32 else self.tolerance_16bit
+        for start, end in segments(positions):
+            matches = self.by_tokens.pop(files.tokens_key(input_ids[start:end].tolist()), [])
+            references = {
+                i: state[start:end].float().cpu() for i, state in zip(self.engine_ids, aux, strict=True)
+            }
+            for index, path in matches:
+                self._write(index, path, self._judge(path, references, tolerance))
+
+    def _judge(self, path: str, references: dict[int, Any], tolerance: float) -> dict[str, Any]:
+        from safetensors import safe_open
+
+        try:
+            with safe_open(path, framework="pt") as handle:
+                stored = handle.get_tensor("hidden_states")
+        except Exception as error:  # the file changed or broke since its header was read
+            return {"status": "n/a", "why": f"unreadable: {type(error).__name__}: {error}"}
+        per_id = compare.judge(stored, self.ids, references, tolerance)
+        status = "wrong" if any(entry["status"] == "wrong" for entry in per_id) else "ok"
+        return {"status": status, "per_id": per_id}
+
+    def _write(self, index: int, path: str, result: dict[str, Any]) -> None:
+        final = os.path.join(self.out, f"{index}.json")
+        with open(final + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump({"file": path, **result}, handle)
+        os.replace(final + ".tmp", final)
