@@ -300,9 +300,10 @@ class _Run:
             sys.stderr.flush()
         except Exception:
             pass
+        code = self.exit_code(judged)
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
-        os._exit(judged.exit_code)  # vLLM's engine processes may hold the interpreter's exit
+        os._exit(code)  # vLLM's engine processes may hold the interpreter's exit
 
     def stop_engine(self, forced: bool) -> None:
         """vLLM's own shutdown (bounded), then any child process still running is killed: an
@@ -392,6 +393,22 @@ class _Run:
             "seconds": round(time.monotonic() - self.started, 1),
         }
 
+    # -- what a command built on this run changes (the audit) --------------------------------------
+    def before_vllm(self, plan: Plan) -> None:
+        """Set what the engine's processes must inherit: called before vLLM is imported."""
+
+    def adjust_engine(self, engine: Any, config: Any) -> None:
+        """Change vLLM's EngineArgs before the engine is built (after the user's flags and the
+        model's config are read)."""
+
+    def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
+        """The prompts the engine runs; every forward of them is checked."""
+        assert self.plan is not None
+        run_workload(self.llm, self.plan, vocab, sampling, self)
+
+    def exit_code(self, judged: outcome_mod.Outcome) -> int:
+        return judged.exit_code
+
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
@@ -415,6 +432,7 @@ class _Run:
         os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
         os.environ[verify_settings.REPORT_VAR] = report_dir
         os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
+        self.before_vllm(plan)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
         namespace = parse_engine_args(args.model, plan.engine_args)
@@ -451,6 +469,7 @@ class _Run:
                 "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
             }
+        self.adjust_engine(engine, config)
         no_cuda_graphs(engine)
         self.phase = "resolving the model class"
         plan.model_class = model_class(config)
@@ -494,7 +513,7 @@ class _Run:
                 )
             plan.lengths = [n for n in plan.lengths if n + DECODE <= max_len]
             _say(f"vLLM started in {time.monotonic() - self.started:.0f} s")
-            run_workload(self.llm, plan, vocab, SamplingParams, self)
+            self.workload(vocab, max_len, SamplingParams)
         except CommandError:
             raise
         except Exception as error:  # vLLM's own error: exit 3, with whatever the check saw
