@@ -75,6 +75,9 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
             result = inherited(self, layers)
             try:
                 Recorder(self, [int(i) for i in layers])
+                from vllm_hotfix.audit import worker  # `vllm-hotfix audit`'s engine only
+
+                worker.attach(self, [int(i) for i in layers])
             except Exception as error:
                 containment.report_error("verify: the model not hooked", error)
             return result
@@ -86,7 +89,7 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
         containment.report_error("verify: not armed", error)
 
 
-def _ranks() -> dict[str, int]:
+def ranks() -> dict[str, int]:
     """This process's place in every parallel dimension (read from vLLM's groups; 0 of 1 if absent)."""
     found = {}
     for name in ("tp", "pp", "dp"):
@@ -100,7 +103,7 @@ def _ranks() -> dict[str, int]:
     return found
 
 
-def _dummy_forward() -> bool:
+def dummy_forward() -> bool:
     """vLLM's forward context has no attention metadata: a dummy forward (`_dummy_run`), not a step."""
     try:
         from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -148,7 +151,7 @@ class Recorder:
             self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
             if self.final_index is not None:
                 self.final_norm, final_note = final_norm_note(self.holder)
-        self.ranks = _ranks()
+        self.ranks = ranks()
         self.steps = 0
         self.directory = os.path.join(
             str(found.report_dir),
@@ -193,7 +196,7 @@ class Recorder:
         not checked."""
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
             return None  # an earlier pipeline stage's intermediate tensors
-        if _dummy_forward():
+        if dummy_forward():
             self.facts["dummy_forwards"] = self.facts.get("dummy_forwards", 0) + 1
             return None
         try:
