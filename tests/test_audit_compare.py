@@ -158,3 +158,52 @@ def test_the_auditor_matches_a_forwards_prompts_to_files_and_judges_each(tmp_pat
     assert a["status"] == "ok" and [e["status"] for e in a["per_id"]] == ["ok"] * 3
     assert b["status"] == "wrong" and [e["status"] for e in b["per_id"]] == ["ok", "ok", "wrong"]
     assert b["per_id"][2]["cause"] == "the state of layer 3, a neighbouring layer (an id off by one)"
+
+
+def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
+    """The audit's judgement of files whose engine-side results say `statuses` (no engine)."""
+    import argparse
+    import io
+
+    from vllm_hotfix.audit.command import Audit, Chosen
+
+    data = tmp_path / "data"
+    data.mkdir()
+    chosen = Chosen(data, IDS)
+    out = tmp_path / "out"
+    out.mkdir()
+    for index, status in enumerate(statuses):
+        path = write(data / f"{index}.safetensors", ids=3)
+        chosen.audited.append(files.read_header(path))
+        per_id = [{"id": i, "status": status} for i in IDS]
+        (out / f"{index}.json").write_text(
+            json.dumps({"file": str(path), "status": status, "per_id": per_id})
+        )
+    audit = Audit(argparse.Namespace(model="m", json=True, engine_args=[]), io.StringIO(), chosen)
+    audit.out = str(out)
+    return audit
+
+
+@pytest.mark.parametrize(
+    ("check", "statuses", "verdict", "code"),
+    [
+        ("PASS", ["ok", "ok"], "PASS", 0),
+        ("PASS", ["ok", "wrong"], "FAIL", 1),
+        ("FAIL", ["ok", "wrong"], "UNKNOWN", 2),  # the reference unproven: nothing called ok or wrong
+        ("UNKNOWN", ["ok", "ok"], "UNKNOWN", 2),
+    ],
+)
+def test_no_file_is_ok_or_wrong_unless_the_check_passed(
+    tmp_path: Path, check: str, statuses: list[str], verdict: str, code: int
+) -> None:
+    from vllm_hotfix.verify.outcome import Outcome
+
+    audit = _audit_of(tmp_path, statuses)
+    judged = Outcome(check, {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[check], "why", [], 0)
+    rows = audit.results(judged)
+    assert audit.verdict(judged, rows)[:2] == (verdict, code) and audit.exit_code(judged) == code
+    if check != "PASS":
+        assert all(r["status"] == "n/a" and "unproven" in r["why"] for r in rows)
+        assert [r["measured"] for r in rows] == statuses
+    else:
+        assert [r["status"] for r in rows] == statuses

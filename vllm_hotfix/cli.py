@@ -1,6 +1,6 @@
 """`vllm-hotfix` / `python -m vllm_hotfix`: status, the check of a model's aux states (verify), the
-site hook's install and removal, the cleaning of generated sources, and the classification of every
-published release.
+audit of a dataset of aux states already made (audit), the site hook's install and removal, the
+cleaning of generated sources, and the classification of every published release.
 
 Exit codes (vllm_hotfix/exit_codes.py, the same for every command): 0 ok, 1 wrong, 2 not
 everything could be checked or decided, 3 the command or vLLM failed, 4 usage error.
@@ -247,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix.verify import command as verify_command
 
     verify_command.add_parser(commands)
+    from vllm_hotfix.audit import command as audit_command
+
+    audit_command.add_parser(commands)
 
     # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
     for name, old_name, run, verb in (

@@ -46,7 +46,7 @@ def likely_cause(
     if squared > 0:
         factor = float((rows * reference).sum()) / squared
         if abs(factor - 1) > tolerance and _within(rows, factor * reference, tolerance):
-            return f"scaled by {factor:.4g}"
+            return f"scaled by {factor:.3g}"
     others = sorted(references, key=lambda other: (other not in ids, other))
     for other in others:
         if other != layer_id and _within(rows, references[other][wrong], tolerance):

