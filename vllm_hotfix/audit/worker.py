@@ -26,16 +26,16 @@ def attach(model: Any, ids: Sequence[int]) -> None:
     if not path:
         return
     from vllm_hotfix import containment
-    from vllm_hotfix.verify import hook
+    from vllm_hotfix.verify import runtime
 
-    if hook.ranks()["tp"] != 0:
+    if runtime.ranks()["tp"] != 0:
         return
     auditor = Auditor(path, ids)
 
     def after_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
             return  # an earlier pipeline stage
-        if hook.dummy_forward():
+        if runtime.dummy_forward():
             return
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)

@@ -37,6 +37,7 @@ import types
 from typing import Any
 
 from vllm_hotfix import containment
+from vllm_hotfix.verify import runtime
 from vllm_hotfix.verify import settings as verify_settings
 
 logger = logging.getLogger("vllm.hotfix")
@@ -89,46 +90,6 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
         containment.report_error("verify: not armed", error)
 
 
-def ranks() -> dict[str, int]:
-    """This process's place in every parallel dimension (read from vLLM's groups; 0 of 1 if absent)."""
-    found = {}
-    for name in ("tp", "pp", "dp"):
-        try:
-            from vllm.distributed import parallel_state
-
-            group = getattr(parallel_state, f"get_{name}_group")()
-            found[name], found[f"{name}_world"] = int(group.rank_in_group), int(group.world_size)
-        except Exception:
-            found[name], found[f"{name}_world"] = 0, 1
-    return found
-
-
-def dummy_forward() -> bool:
-    """vLLM's forward context has no attention metadata: a dummy forward (`_dummy_run`), not a step."""
-    try:
-        from vllm.forward_context import get_forward_context, is_forward_context_available
-
-        return is_forward_context_available() and get_forward_context().attn_metadata is None
-    except Exception:
-        return False
-
-
-def _compilation() -> dict[str, Any]:
-    """The compilation mode and CUDA-graph mode this engine runs with (the report says which ran)."""
-    try:
-        from vllm.config import get_current_vllm_config
-
-        config = get_current_vllm_config().compilation_config
-        mode = getattr(config, "mode", getattr(config, "level", None))
-        graphs = getattr(config, "cudagraph_mode", None)
-        return {
-            "mode": str(getattr(mode, "name", mode)),
-            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
-        }
-    except Exception as error:
-        return {"mode": None, "cudagraph_mode": None, "error": f"{type(error).__name__}: {error}"}
-
-
 class Recorder:
     """The hooks on one target model and what they write: facts once, a record per forward."""
 
@@ -151,7 +112,7 @@ class Recorder:
             self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
             if self.final_index is not None:
                 self.final_norm, final_note = final_norm_note(self.holder)
-        self.ranks = ranks()
+        self.ranks = runtime.ranks()
         self.steps = 0
         self.directory = os.path.join(
             str(found.report_dir),
@@ -174,7 +135,7 @@ class Recorder:
             "vllm_version": getattr(vllm, "__version__", None),
             "hidden_size": self.hidden_size,
             "max_tokens": self.max_tokens,
-            "compilation": _compilation(),
+            "compilation": runtime.compilation(),
             "taps": None if self.taps is None else sorted(self.taps.rows),
             "hint": None,
             "steps": 0,
@@ -196,7 +157,7 @@ class Recorder:
         not checked."""
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
             return None  # an earlier pipeline stage's intermediate tensors
-        if dummy_forward():
+        if runtime.dummy_forward():
             self.facts["dummy_forwards"] = self.facts.get("dummy_forwards", 0) + 1
             return None
         try:
@@ -278,7 +239,7 @@ def final_norm_note(inner: Any) -> tuple[Any, str]:
     call = last.value if last is not None and isinstance(last.value, ast.Call) else None
     direct = call is not None and ast.unparse(call.func) == "self.norm"
     fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
-    if not (direct or fused):
+    if call is None or not (direct or fused):
         return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
     # the final id is the norm's input sum only where the norm is given (hidden_states, residual):
     # DeepSeek-V4 ends with self.norm(hidden_states) after its hyper-connection head, and its final
