@@ -214,7 +214,7 @@ def test_engine_arguments_pass_through_and_status_takes_none() -> None:
     assert args.engine_args == ["-tp", "2", "--load-format", "dummy"] and args.json and args.ids == [1, 2]
     with pytest.raises(SystemExit) as stop:
         cli.parse(["status", "--tensor-parallel-size", "2"])
-    assert stop.value.code == 2
+    assert stop.value.code == 4  # a usage error, never a verdict
     for bad in (["verify", "M", "--ids", "1,x"], ["verify", "M", "--batch-sizes", "0"], ["verify"]):
         with pytest.raises(SystemExit) as stop:
             cli.parse(bad)
