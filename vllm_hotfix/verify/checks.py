@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from vllm_hotfix.verify import reference
 from vllm_hotfix.verify.reference import K, project, projection, rel_prints
@@ -282,11 +282,20 @@ def judge_step(
         )
         if problem is None and not any(errors):
             main = body_size(ids, sent)
-            _, prints, scales = unpack(bodies[:, :main], len(ids), sent, checked)
+            _, prints, scales = unpack(bodies[:, :main], len(ids), sent, cast(int, checked))
             blocks = bodies[:, main:].reshape(world, len(ids), reference.block_size(sent))
             notes = next((f["notes"] for f in records if f and any(f.get("notes") or [])), [None] * len(ids))
             step.per_id = reference.judge(
-                ids, checked, prints, scales, blocks, limit, notes, final_id, sent, mine.get("rows")
+                ids,
+                cast(int, checked),
+                prints,
+                scales,
+                blocks,
+                limit,
+                notes,
+                final_id,
+                sent,
+                mine.get("rows"),
             )
         return step
     except Exception as raised:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from typing import Any
+from typing import Any, cast
 
 from vllm_hotfix.verify.checks import StepCheck
 
@@ -98,7 +98,13 @@ def per_id(checks: list[StepCheck], ids: list[int]) -> list[dict[str, Any]]:
             )
             continue
         compared = [e for e in steps if e["status"] == "FAIL"] or [e for e in steps if e["status"] == "ok"]
-        out.append(dict(max(compared, key=lambda e: e["max_rel_diff"] or 0.0) if compared else steps[0]))
+        out.append(
+            dict(
+                max(compared, key=lambda e: float(cast(float, e["max_rel_diff"]) or 0.0))
+                if compared
+                else steps[0]
+            )
+        )
     return out
 
 
@@ -117,7 +123,7 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
     final = [c for c in checks if c.final_ok is not None]
     errors = [error for check in checks for error in check.errors]
     incomplete = next((c.missing_note for c in checks if c.missing_note), None)
-    found = verdict(checks, coverage["ok"])
+    found = verdict(checks, bool(coverage["ok"]))
     note = None
     if errors:
         note = "the check could not complete: " + "; ".join(
@@ -175,7 +181,7 @@ def _inherits(fix: Any, model_class: type | None) -> bool:
         return False
     for klass in getattr(model_class, "__mro__", ()):
         if fix.attribute in vars(klass):
-            return klass.__module__ == fix.module and klass.__name__ == fix.owner
+            return bool(klass.__module__ == fix.module and klass.__name__ == fix.owner)
     return False
 
 

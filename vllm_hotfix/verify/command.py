@@ -30,7 +30,7 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from vllm_hotfix import exit_codes
 from vllm_hotfix.verify import inductor_order
@@ -223,8 +223,8 @@ def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
     if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
         raise CommandError("give the model as MODEL, not as --model in the engine arguments")
 
-    class Parser(FlexibleArgumentParser):
-        def error(self, message: str) -> Any:  # type: ignore[override]
+    class Parser(FlexibleArgumentParser):  # type: ignore[misc]  # vLLM's class: Any here
+        def error(self, message: str) -> Any:
             raise CommandError(f"vLLM refused the engine arguments {engine_args}: {message}")
 
     parser = EngineArgs.add_cli_args(Parser(prog="vllm-hotfix verify --"))
@@ -232,7 +232,7 @@ def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
         namespace = parser.parse_args(["--model", model, *engine_args])
     except SystemExit as stop:  # e.g. --help, or a parser that exits by itself
         raise CommandError(f"vLLM's argument parser stopped (exit {stop.code}) on {engine_args}") from None
-    return namespace
+    return cast(argparse.Namespace, namespace)
 
 
 def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
@@ -273,7 +273,8 @@ class _Run:
             time.sleep(3600)  # the other thread is ending the process
         self.stop_engine(forced=timed_out or self.llm is None)
         plan = self.plan
-        reports, ignored = [], 0
+        reports: list[dict[str, Any]] = []
+        ignored = 0
         if plan is not None:
             try:
                 from vllm_hotfix.verify import combine
@@ -726,7 +727,7 @@ def add_parser(commands: Any) -> None:
         " command does not know) go unchanged to the installed vLLM's own parser, e.g."
         " `-- --tensor-parallel-size 8 --quantization fp8`: give it your server's flags.",
     )
-    verify.error = _usage_error(verify)  # type: ignore[method-assign]
+    verify.error = _usage_error(verify)
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
     verify.add_argument(
         "--ids",

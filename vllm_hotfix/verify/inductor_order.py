@@ -31,7 +31,7 @@ import inspect
 import logging
 import sys
 import types
-from typing import Any
+from typing import Any, cast
 
 from vllm_hotfix.fixes.base import Fix
 
@@ -121,7 +121,7 @@ def fixed(original: types.FunctionType, scheduler: types.ModuleType) -> types.Fu
             self.set_read_writes(read_writes.rename(self.mutation_renames))
 
     recompute_size_and_body.__vllm_hotfix_inductor_order__ = True  # type: ignore[attr-defined]
-    return recompute_size_and_body
+    return cast(types.FunctionType, recompute_size_and_body)
 
 
 def reported(reports: list[dict[str, Any]]) -> list[str]:

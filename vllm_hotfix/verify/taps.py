@@ -23,7 +23,7 @@ import logging
 import operator
 import textwrap
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 logger = logging.getLogger("vllm.hotfix")
@@ -179,12 +179,12 @@ class Taps:
 
         if not isinstance(value, torch.Tensor) or value.shape[-1] != self.hidden_size:
             return False
-        return value.dim() == 2 or (value.dim() == 3 and value.shape[0] == 1)
+        return bool(value.dim() == 2 or (value.dim() == 3 and value.shape[0] == 1))
 
     def entry_hook(self, layer: Any, row: int) -> Any:
         names = list(inspect.signature(layer.forward).parameters)
 
-        def pre(module: Any, args: tuple, kwargs: dict) -> None:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             bound = dict(zip(names, args, strict=False)) | kwargs
             hidden, residual = bound.get("hidden_states"), bound.get("residual")
             if self._tensor(hidden) and residual is None:
@@ -206,7 +206,7 @@ class Taps:
         Llama-family and DeepSeek models the all-reduce output that vLLM fuses into that norm) would
         get a user outside the fusion pattern, and the pattern would not match."""
 
-        def post(module: Any, args: tuple, output: Any) -> None:
+        def post(module: Any, args: tuple[Any, ...], output: Any) -> None:
             # no Python side effect here (module docstring): what the hook learns goes through the op
             hidden, residual, form = None, None, OTHER
             if self._tensor(output):
@@ -230,7 +230,7 @@ class Taps:
         at `row`. A pattern output, never an intermediate of vLLM's all-reduce + norm fusion: the
         graph with this tap fuses as the graph without (tests/test_verify_fusion.py)."""
 
-        def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        def post(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             residual = args[1] if len(args) > 1 else kwargs.get("residual")
             if not self._tensor(residual) or not isinstance(output, tuple) or len(output) != 2:
                 return None  # called without the pair (a stream form): the layer's exit hook taps
@@ -411,14 +411,16 @@ def reader_norm(forward_source: str) -> str | None:
     return None
 
 
-@functools.cache
-def _from_source(cls: type, reader: Any, *args: Any) -> Any:
+def _read_source(cls: Any, reader: Any, *args: Any) -> Any:
     """`reader(source of cls.forward, *args)`, once per class: None when the source cannot be read
     or parsed (compiled bytecode only): what it would say is then unknown, never guessed."""
     try:
         return reader(inspect.getsource(cls.forward), *args)
     except Exception:
         return None
+
+
+_from_source: Callable[..., Any] = functools.cache(_read_source)  # once per class
 
 
 def split_layer_reason(forward_source: str, owner: str) -> str | None:
@@ -481,7 +483,8 @@ def discards_residual(forward_source: str) -> bool:
 def _discards(layer: Any) -> bool | None:
     """`discards_residual` of the layer's class; None when its source cannot be read or parsed:
     a `(hidden_states, residual)` pair is then of unknown meaning, never guessed."""
-    return _from_source(type(layer), discards_residual)
+    found: bool | None = _from_source(type(layer), discards_residual)
+    return found
 
 
 def _unread_reason(layer: Any) -> str:
@@ -495,7 +498,8 @@ def _unread_reason(layer: Any) -> str:
 
 def _bypassed(holder: Any) -> str | None:
     # no source to read (or not parsable): the hooks are the only evidence
-    return _from_source(type(holder), split_layer_reason, type(holder).__name__)
+    found: str | None = _from_source(type(holder), split_layer_reason, type(holder).__name__)
+    return found
 
 
 def of(holder: Any) -> Taps | None:
