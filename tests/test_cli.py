@@ -138,3 +138,31 @@ def test_a_bad_setting_is_reported_at_import_and_raises_there_in_strict_mode() -
     assert done.returncode == 1 and "vllm_hotfix.errors.HotfixError: VLLMHOTFIX_FORCE: 'typo'" in done.stderr
 
     assert _import().stderr == ""  # nothing set: nothing read, nothing said
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["verify", "/no/such/model"], "MODEL /no/such/model: no such checkpoint directory"),
+        (["verify", "./relative/model"], "MODEL ./relative/model: no such checkpoint directory"),
+        (["audit", "/no/data", "/no/model", "--ids", "1"], "DATA /no/data: no such directory"),
+    ],
+)
+def test_a_missing_path_is_a_usage_error_before_vllm(argv: list[str], said: str) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_hotfix", *argv],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(REPO)},
+        cwd=outside_checkout(),
+    )
+    assert done.returncode == exit_codes.USAGE and said in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_hugging_face_id_is_left_to_vllm() -> None:
+    from vllm_hotfix.verify.command import model_path_problem
+
+    assert model_path_problem("deepseek-ai/DeepSeek-V3") is None
+    assert model_path_problem("/no/such/dir") == "MODEL /no/such/dir: no such checkpoint directory"
+    assert model_path_problem("a/b/c") is not None  # more than one slash: a path

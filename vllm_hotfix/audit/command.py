@@ -67,9 +67,9 @@ def choose(data: str, model: str, ids: list[int], sample: int | None, seed: int)
     root = Path(data)
     if not root.is_dir():
         raise UsageError(f"DATA {data}: no such directory")
-    if os.sep in model or model.startswith(".") or os.path.exists(model):
-        if not os.path.isdir(model):
-            raise UsageError(f"MODEL {model}: no such checkpoint directory")
+    problem = verify_command.model_path_problem(model)
+    if problem:
+        raise UsageError(problem)
     paths = files_mod.discover(root)
     if not paths:
         raise UsageError(f"DATA {data}: no {files_mod.SUFFIX} files in it")

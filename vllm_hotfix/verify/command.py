@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -413,6 +414,13 @@ class _Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
+        problem = model_path_problem(args.model)
+        if problem:
+            raise UsageError(problem)
+        if importlib.util.find_spec("vllm") is None:
+            raise CommandError(
+                "vLLM is not installed in this Python environment: install vllm-hotfix beside it"
+            )
         lengths = args.prompt_lengths or list(DEFAULT_LENGTHS)
         batches = args.batch_sizes or list(DEFAULT_BATCHES)
         report_dir = args.report_dir
@@ -563,6 +571,17 @@ def model_class(config: Any) -> str:
 
     cls, _ = get_model_architecture(config)
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def model_path_problem(model: str) -> str | None:
+    """Why MODEL cannot be a checkpoint, where it names a path (absolute, ./ or ../, ~, more than
+    one slash, or an existing file): said before vLLM is imported. A Hugging Face id (org/name)
+    is left to vLLM."""
+    path = os.path.expanduser(model)
+    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or os.path.exists(path):
+        if not os.path.isdir(path):
+            return f"MODEL {model}: no such checkpoint directory"
+    return None
 
 
 def writable(directory: str) -> None:
