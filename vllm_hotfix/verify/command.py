@@ -362,6 +362,7 @@ class _Run:
         plan = self.plan
         return {
             "schema": SCHEMA,
+            "command": "verify",
             "verdict": judged.verdict,
             "exit_code": judged.exit_code,
             "reason": judged.reason,
@@ -715,6 +716,7 @@ def _usage_exit(message: str, usage: str | None = None) -> Any:
     if json_usage:  # a pipeline reading stdout gets a document, not nothing
         document = {
             "schema": SCHEMA,
+            "command": "verify",
             "verdict": outcome_mod.UNKNOWN,
             "exit_code": exit_codes.USAGE,
             "reason": "usage error",
