@@ -1,6 +1,6 @@
 """The suite's wall time, said at the end of every run, and a loud warning once it passes 60 minutes.
 
-CI's hard limit is 90 minutes with the environment to build, and the suite grows with every issue:
+CI's hard limit is 90 minutes with the environment to build, and the suite grows with every change:
 this shows the growth before a run fails on the limit. It never fails a run. Under pytest-xdist the
 controller, which sees the whole session, writes the lines; workers write nothing. The threshold
 is VLLMHOTFIX_SUITE_WARN_MINUTES (default 60; tests/test_suite_time.py lowers it). Loaded by

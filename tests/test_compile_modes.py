@@ -74,7 +74,7 @@ DYNAMO_ONLY = {"VLLM_CPU_CI_ENV": "1"}
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "mode",
-    # CI time (issue 37): one non-default mode in CI, the other in the long suite
+    # CI time: one non-default mode in CI, the other in the long suite
     ["aot-compile-off", pytest.param("bytecode-hook-off", marks=pytest.mark.long)],
 )
 def test_compile_modes(model_states, mode: str, dtype: str) -> None:

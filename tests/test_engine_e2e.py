@@ -73,7 +73,7 @@ def test_stock_cpu_build_cannot_run_any_speculative_method(engine) -> None:
     )
 
 
-# eager repeats the compiled reproduction: the long suite (CI time, issue 37)
+# eager repeats the compiled reproduction: the long suite (CI time)
 @pytest.mark.parametrize("mode", [pytest.param("eager", marks=pytest.mark.long), "compile"])
 def test_without_the_fix_the_bug_crashes(engine, mode: str) -> None:
     """Proves the test reproduces the bug: the deepseek fix off, the sampler fix on."""

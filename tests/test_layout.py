@@ -85,7 +85,7 @@ def test_runtime_core_fixes_and_release_tooling_each_in_their_own_place() -> Non
 
 def test_no_import_circles_in_the_package() -> None:
     """No two modules of the package import each other, directly or round a longer circle, counting
-    imports inside functions too (verify/checks.py and verify/reference.py did: issue 34). An edge
+    imports inside functions too (verify/checks.py and verify/reference.py once did). An edge
     `from vllm_hotfix import settings` goes to that module, not to the package's __init__."""
     package = REPO / "vllm_hotfix"
     modules = {

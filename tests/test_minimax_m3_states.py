@@ -310,7 +310,7 @@ def test_the_check_compares_every_id_with_what_its_layer_received(m3_runs, versi
     the check FAILs too (the model's own output is partial there: upstream's). Id 0: stock 0.24.0
     appends the embedding tensor that layer 0 keeps as `residual`, and MiniMAXGemmaRMSNorm's fused
     add-norm (flashinfer's, in place: the stand-in keeps that contract) then writes the running
-    sum into it, so stock's id 0 FAILs at TP=1 and TP=2 (the alias of issue 27, seen by the check);
+    sum into it, so stock's id 0 FAILs at TP=1 and TP=2 (the in-place norm's alias, seen by the check);
     vLLM 0.32 clones it itself, and the patched forward copies it: ok. Otherwise at TP=1 all ok.
     The inner ids' streams are read from what the next layer's input norm returns (taps.py's
     `_tap_norms`), which is the reduced sum (that norm all-reduces): no partial to add up; 0.24.0's

@@ -49,7 +49,7 @@ WITH_FINAL = [v for v in VARIANTS if "4" in v]
 # about 6, i.e. ~1e-6 relative; the model's own output differs by ~3e-6 in stock too); stock's
 # states are off by 1.5-2.0.
 TOLERANCE = 1e-5
-# 0.25.0 (the first affected release, nvidia file) in the long suite, CI time (issue 37): CI keeps the
+# 0.25.0 (the first affected release, nvidia file) in the long suite, for CI time: CI keeps the
 # newest release's two vendor files; 0.25.0's shape is also checked offline (tests/test_v32_probe.py).
 CASES = [pytest.param(FIXED, "nvidia", marks=pytest.mark.long), (NEWEST, "nvidia"), (NEWEST, "amd")]
 # Under the GPU norm emulation: id 0 (the embeddings) and the final id with inner ids; each at 6 and

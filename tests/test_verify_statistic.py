@@ -144,7 +144,7 @@ def test_every_planted_defect_class_fails_by_five_times_the_tolerance() -> None:
 
 
 def test_projection_in_chunks_equals_the_whole_and_never_copies_a_whole_state(monkeypatch) -> None:
-    """Issue 35 item 4: a state is made float32 CHUNK_ROWS rows at a time (bounded memory whatever
+    """A state is made float32 CHUNK_ROWS rows at a time (bounded memory whatever
     the step's tokens), with the same fingerprints, norms and finiteness as the whole at once."""
     import torch
 

@@ -170,8 +170,8 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
 
 
 def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:
-    """The planted case of issue 34: states of the right count, shape and values, but no tap ran
-    (a compiled graph made without the taps): the step fails nothing, yet the window is UNKNOWN,
+    """States of the right count, shape and values, but no tap ran
+    (a compiled graph made without the taps): the step fails nothing, yet the run is UNKNOWN,
     never PASS, and its coverage and line name every id and why."""
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
@@ -289,7 +289,7 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
 
 @pytest.mark.parametrize(("tokens", "rows"), [(1, 1), (3, 8), (5, 5), (6, 6)])
 def test_sequence_parallel_shards_are_compared_as_shards(tokens, rows) -> None:
-    """Issue 34: under sequence-parallel MoE a rank's tap sees its shard of the tokens. A 1-token
+    """Under sequence-parallel MoE a rank's tap sees its shard of the tokens. A 1-token
     step (rank 1's shard is padding) or a step padded to a busy data-parallel peer (rank 0's shard
     holds every real token) was compared row for row with the whole state: a correct model FAILed
     (about 1 on rank 1). Now each token is compared with the shard row that holds it; a planted
@@ -523,7 +523,7 @@ class PreviousBackbone(Backbone):
 
 
 def test_layers_that_discard_the_residual_are_compared_on_their_stream() -> None:
-    """Issue 36: without the rule the check took `hidden + residual` (stream + previous stream) for
+    """Without the rule the check took `hidden + residual` (stream + previous stream) for
     the stream and FAILed the right states (the false FAIL on Cohere2-MoE); with it every id is ok,
     eager and compiled, and a scale fault planted on id 1 FAILs exactly id 1."""
     model = PreviousBackbone()

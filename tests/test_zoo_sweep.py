@@ -246,7 +246,7 @@ def test_qwen3_5s_model_file_imports_only_with_the_torchvision_stub(testenv) -> 
 
 
 # The check's negative controls on classes that capture through vLLM's shared helper, and on Olmo2
-# through vLLM's transformers backend, whose ids and layers the check finds otherwise (issue 36): a
+# through vLLM's transformers backend, whose ids and layers the check finds otherwise: a
 # wrong state planted in the model's outer forward (harness/child/sites/fault) FAILs exactly its
 # ids, the untouched id stays ok. Ids [1, 2, 4] are indices 0, 1, 2: `next`, id 1 holding id 2's
 # state (off-by-one); `alias`, id 2 holding the final state; `scale`, the final state x1.5.
