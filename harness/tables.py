@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench_results import BENCHMARKS, REPO, RESULTS_DIR, stale_sources
+from harness.marked_block import block_in, with_block
 from harness.matrix import ENGINE_MODES, MATRIX_DIR, MODES, RELEASES, Row, engine_level, mode_key
 from harness.zoo import FAMILIES, ZOO_DIR, load_rows
 from harness.zoo import Row as ZooRow
 from harness.zoo import cells as zoo_cells
-from vllm_hotfix.releases.marked_block import block_in, with_block
 
 BENCHMARK_MARKERS = ("<!-- benchmarks:start -->", "<!-- benchmarks:end -->")
 MATRIX_MARKERS = ("<!-- matrix:start -->", "<!-- matrix:end -->")

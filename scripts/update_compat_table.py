@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run from a clone without installing the package
 
+from harness import releases  # noqa: E402
+from harness.marked_block import write_or_check  # noqa: E402
 from tests.recorded import recorded  # noqa: E402  (the releases tests/sources/index.json records)
-from vllm_hotfix import releases  # noqa: E402
-from vllm_hotfix.releases.marked_block import write_or_check  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

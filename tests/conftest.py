@@ -93,7 +93,7 @@ def model_states(
 @pytest.fixture(scope="session")
 def pypi_indexes() -> dict[str, Any]:
     """PyPI's JSON index of each distribution the release tooling reads (network tests only)."""
-    from vllm_hotfix import releases
+    from harness import releases
 
     indexes = {}
     for dist in releases.DISTS:
@@ -108,7 +108,7 @@ def pypi_indexes() -> dict[str, Any]:
 def pypi_rows(pypi_indexes: dict[str, Any]) -> list[Any]:
     """Every release on PyPI that the stored sources record, classified by every registered probe
     (wheels cached on disk); newer releases are classified too and reported (tests/recorded.py)."""
-    from vllm_hotfix import releases
+    from harness import releases
 
     rows = releases.classify_all(index=pypi_indexes.__getitem__)
     failed = [f"{row.dist} {row.version}: {row.error}" for row in rows if row.network_error]

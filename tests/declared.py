@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from harness.releases import version_key
 from tests.stored_sources import Case, case
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
-from vllm_hotfix.releases import version_key
 
 
 def key(version: str) -> Any:

@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO, outside_checkout
-from vllm_hotfix import cli, exit_codes, releases
+from vllm_hotfix import cli, exit_codes
 from vllm_hotfix._version import __version__
 from vllm_hotfix.cli_output import SCHEMA, Parser
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.releases.classify import Outcome, Row
 
 
 def run(*argv: str) -> int:
@@ -38,13 +36,12 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "said"),
     [
         (["status", "--bogus"], "unrecognized arguments: --bogus"),
-        (["releases", "--since", "banana"], "argument --since: 'banana' is not a release number"),
-        (["releases", "--workers", "0"], "argument --workers: '0' is not a whole number from 1 to 64"),
         (["clean", "--days", "abc"], "argument --days: 'abc' is not a number of days >= 0"),
         (["clean", "--days", "nan"], "argument --days: 'nan' is not a number of days >= 0"),
         (["install-site-hook", "--site-dir", "/no/such/dir"], "--site-dir /no/such/dir: no such directory"),
         (["uninstall-site-hook", "--site-dir", "/no/such/dir"], "--site-dir /no/such/dir: no such directory"),
         (["nonesuch"], "invalid choice: 'nonesuch'"),
+        (["releases"], "invalid choice: 'releases'"),  # maintainer tooling: python -m harness.releases
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_4(
@@ -61,11 +58,11 @@ def test_a_usage_error_is_one_line_and_exit_4(
 def test_a_usage_error_under_json_is_a_document(capsys: pytest.CaptureFixture[str]) -> None:
     Parser.json_requested = True
     with pytest.raises(SystemExit) as stop:
-        cli.main(["releases", "--json", "--since", "banana"])
+        cli.main(["audit", "data", "model", "--json", "--seed", "banana"])
     assert stop.value.code == exit_codes.USAGE
     document = json.loads(capsys.readouterr().out)
     assert document["schema"] == SCHEMA and document["exit_code"] == exit_codes.USAGE
-    assert document["command"] == "releases" and "banana" in document["error"]
+    assert document["command"] == "audit" and "banana" in document["error"]
 
 
 def test_install_site_hook_says_when_the_directory_is_not_on_sys_path(
@@ -104,12 +101,6 @@ def test_status_json_is_a_document_and_an_invalid_setting_exits_4(
     out, err = capsys.readouterr()
     assert "settings problem: VLLMHOTFIX_DISABLE: 'typo' is not a fix id" in out
     assert "1 invalid setting(s)" in err
-
-
-def test_releases_json_says_decision_as_status_does() -> None:
-    outcome = Outcome("deepseek-final-aux", Decision.PATCHED, "why", "digest")
-    (found,) = releases.to_json([Row("vllm", "0.24.0", "w.whl", None, [outcome])])
-    assert found["fixes"]["deepseek-final-aux"]["decision"] == "patched"
 
 
 def _import(**env: str) -> subprocess.CompletedProcess[str]:

@@ -1,5 +1,6 @@
-"""The package's layout: the runtime core, the fixes and the release tooling are each in their own
-place, and the runtime path never loads the release tooling."""
+"""The package's layout: the runtime core, the fixes and the check in the package, the release
+tooling in the repository's maintainer tooling (harness/releases/, not shipped), and the package
+never reaching the repository's tooling, at run time or by an import."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from vllm.model_executor.models import deepseek_v2
 vllm_hotfix.status(); vllm_hotfix.remove(); vllm_hotfix.apply()
 from vllm_hotfix.cli import main
 main(["status", "--json"])
-print(json.dumps(sorted(name for name in sys.modules if name.startswith("vllm_hotfix"))))
+print(json.dumps(sorted(name for name in sys.modules if name.startswith(("vllm_hotfix", "harness")))))
 """
 
 
@@ -34,7 +35,7 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return stand_in_vllm.write(tmp_path_factory.mktemp("stand-in-vllm"))
 
 
-def test_the_runtime_path_never_imports_the_release_tooling(stand_in: Path, tmp_path: Path) -> None:
+def test_the_runtime_path_never_imports_the_repositorys_tooling(stand_in: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
     env.update(PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]), XDG_CACHE_HOME=str(tmp_path))
     done = subprocess.run(
@@ -43,7 +44,7 @@ def test_the_runtime_path_never_imports_the_release_tooling(stand_in: Path, tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.splitlines()[-1])
     assert {"vllm_hotfix.engine", "vllm_hotfix.patching", "vllm_hotfix.cli"} <= set(loaded), loaded
-    assert not [name for name in loaded if name.startswith("vllm_hotfix.releases")], loaded
+    assert not [name for name in loaded if name.startswith("harness")], loaded  # on its sys.path
 
 
 def _imports(path: Path) -> set[str]:
@@ -57,30 +58,23 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-# What only the release tooling may use: the network, wheel archives, and the tooling itself.
-TOOLING_ONLY = ("urllib", "http", "zipfile", "vllm_hotfix.releases")
+# What no module of the package may import: the network and wheel archives (the release tooling's
+# work) and the repository's tooling, which the wheel does not ship.
+NOT_IN_THE_PACKAGE = ("urllib", "http", "zipfile", "harness", "tests", "scripts")
 
 
-def test_runtime_core_fixes_and_release_tooling_each_in_their_own_place() -> None:
-    """A structural rule, not a list of files: no module of the package outside `releases/` (the
-    runtime core, the fixes, the verify check) reads the network or wheel archives or reaches the
-    release tooling (only the CLI's `releases` command does), and the tooling lives in `releases/`."""
+def test_the_package_never_imports_the_release_tooling_which_lives_in_harness() -> None:
+    """A structural rule, not a list of files: no module of the package (the runtime core, the
+    fixes, the check, the command line) reads the network or wheel archives or imports the
+    repository's tooling, so the wheel works without it; the release tooling is in harness/releases/,
+    run as `python -m harness.releases`, and the package has no releases/ of its own."""
     package = REPO / "vllm_hotfix"
-    core = [path for path in package.rglob("*.py") if "releases" not in path.relative_to(package).parts]
-    for path in core:
-        tooling = {
-            name
-            for name in _imports(path)
-            if name.split(".")[0] in TOOLING_ONLY or name.startswith(TOOLING_ONLY)
-        }
-        allowed = (
-            {name for name in tooling if name.startswith("vllm_hotfix.releases")}
-            if path.name == "cli.py"
-            else set()
-        )
-        assert tooling <= allowed, f"{path.relative_to(REPO)} imports {sorted(tooling - allowed)}"
-    tooling_modules = [p for p in (package / "releases").glob("*.py") if p.name != "__init__.py"]
-    assert tooling_modules, "no release tooling found where it belongs"
+    for path in package.rglob("*.py"):
+        wrong = {name for name in _imports(path) if name.split(".")[0] in NOT_IN_THE_PACKAGE}
+        assert not wrong, f"{path.relative_to(REPO)} imports {sorted(wrong)}"
+    assert not list(package.glob("releases/*.py")), "the release tooling is back in the package"
+    tooling = REPO / "harness" / "releases"
+    assert (tooling / "__main__.py").is_file() and (tooling / "command.py").is_file()
 
 
 def test_no_import_circles_in_the_package() -> None:

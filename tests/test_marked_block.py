@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix.releases.marked_block import block_in, with_block, write_or_check
+from harness.marked_block import block_in, with_block, write_or_check
 
 START, END = "<!-- x:start -->", "<!-- x:end -->"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.releases.classify import function_source
 from harness.testenv import BUG, FIXED, NEWEST, TestEnv
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
-from vllm_hotfix.releases.classify import function_source
 
 pytestmark = pytest.mark.vllm
 FIX = MiniMaxM3Aux()

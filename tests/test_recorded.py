@@ -17,8 +17,8 @@ from types import ModuleType
 
 import pytest
 
+from harness import releases
 from tests.recorded import HEADING, TO_RECORD, UnrecordedRelease, recorded, report_new, split
-from vllm_hotfix import releases
 from vllm_hotfix.decisions import Decision
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""vllm_hotfix.releases.classify: each release's verdicts from the fixes' own probes, and PyPI's releases.
+"""harness.releases.classify: each release's verdicts from the fixes' own probes, and PyPI's releases.
 
 Every release's verdict per fix, from the sources published: test_stored_sources.py (offline).
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from harness import releases
 from tests.network import REQUIRE_NETWORK_VAR, network_unavailable
 from tests.release_shapes import BUGGY_V2, MEMBER
-from vllm_hotfix import releases
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel

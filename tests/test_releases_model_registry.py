@@ -1,4 +1,4 @@
-"""vllm_hotfix.releases.model_registry: whether vLLM's model registry runs a fix's file by default.
+"""harness.releases.model_registry: whether vLLM's model registry runs a fix's file by default.
 
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
 VLLMHOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
@@ -12,9 +12,9 @@ import zipfile
 
 import pytest
 
+from harness import releases
 from tests.declared import between
 from tests.release_shapes import BUGGY_V2, MEMBER, V32_FORWARD, serve
-from vllm_hotfix import releases
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import Fix
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel

@@ -1,4 +1,4 @@
-"""vllm_hotfix.releases.table: the compatibility table in docs/verification.md, made from the verdicts.
+"""harness.releases.table: the compatibility table in docs/verification.md, made from the verdicts.
 
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
 VLLMHOTFIX_REQUIRE_NETWORK is set (scripts/test.sh sets it): then they fail (tests/network.py).
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import releases
+from harness import releases
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES

@@ -1,4 +1,4 @@
-"""vllm_hotfix.releases.wheels: a remote wheel's members read with HTTP Range requests, cached on disk.
+"""harness.releases.wheels: a remote wheel's members read with HTTP Range requests, cached on disk.
 
 The unit tests serve a local zip from 127.0.0.1 (one server honours Range, one ignores it).
 The tests marked `network` read PyPI; when it cannot be reached they skip, saying why, unless
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness import releases
 from tests.release_shapes import BUGGY_V2, MEMBER, serve
-from vllm_hotfix import releases
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.releases.classify import function_source
 from harness.testenv import FIXED, NEWEST, TestEnv
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.deepseek_v32_final_aux import (
@@ -16,7 +17,6 @@ from vllm_hotfix.fixes.deepseek_v32_final_aux import (
     LAYER_INPUT_NORM,
     DeepseekV32FinalAux,
 )
-from vllm_hotfix.releases.classify import function_source
 
 pytestmark = pytest.mark.vllm
 NVIDIA, AMD = DEEPSEEK_V32_FIXES

