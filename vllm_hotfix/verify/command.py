@@ -34,7 +34,7 @@ import uuid
 from typing import Any, TextIO, cast
 
 from vllm_hotfix import exit_codes
-from vllm_hotfix.verify import inductor_order
+from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
@@ -615,13 +615,7 @@ def no_cuda_graphs(engine: Any) -> None:
 def _modes(llm: Any) -> dict[str, Any]:
     """The compilation and CUDA-graph modes the engine ran with, read from its config."""
     try:
-        config = llm.llm_engine.vllm_config.compilation_config
-        mode = getattr(config, "mode", getattr(config, "level", None))
-        graphs = getattr(config, "cudagraph_mode", None)
-        return {
-            "mode": str(getattr(mode, "name", mode)),
-            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
-        }
+        return runtime.modes(llm.llm_engine.vllm_config.compilation_config)
     except Exception as error:
         return {"mode": None, "cudagraph_mode": None, "error": _one_line(error)}
 

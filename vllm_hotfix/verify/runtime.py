@@ -31,17 +31,18 @@ def dummy_forward() -> bool:
         return False
 
 
+def modes(config: Any) -> dict[str, Any]:
+    """The compilation mode and CUDA-graph mode a vLLM compilation config says."""
+    mode = getattr(config, "mode", getattr(config, "level", None))
+    graphs = getattr(config, "cudagraph_mode", None)
+    return {"mode": str(getattr(mode, "name", mode)), "cudagraph_mode": str(getattr(graphs, "name", graphs))}
+
+
 def compilation() -> dict[str, Any]:
     """The compilation mode and CUDA-graph mode this engine runs with (the report says which ran)."""
     try:
         from vllm.config import get_current_vllm_config
 
-        config = get_current_vllm_config().compilation_config
-        mode = getattr(config, "mode", getattr(config, "level", None))
-        graphs = getattr(config, "cudagraph_mode", None)
-        return {
-            "mode": str(getattr(mode, "name", mode)),
-            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
-        }
+        return modes(get_current_vllm_config().compilation_config)
     except Exception as error:
         return {"mode": None, "cudagraph_mode": None, "error": f"{type(error).__name__}: {error}"}
