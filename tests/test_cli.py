@@ -114,7 +114,9 @@ def _import(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_a_bad_setting_is_reported_at_import_and_raises_there_in_strict_mode() -> None:
+def test_a_bad_setting_is_reported_at_import_the_same_way_and_never_raised_there() -> None:
+    """Strict mode raises when the fixes are decided, inside vLLM's import of the model
+    (tests/test_engine_behaviour.py): raised at import, vLLM's plugin loader would swallow it."""
     done = _import(VLLMHOTFIX_FORCE="typo")
     assert done.returncode == 0 and done.stdout == "HotfixError\n"
     assert done.stderr.startswith("vllm-hotfix: settings problem: VLLMHOTFIX_FORCE: 'typo' is not a fix id")
@@ -126,7 +128,7 @@ def test_a_bad_setting_is_reported_at_import_and_raises_there_in_strict_mode() -
     )
 
     done = _import(VLLMHOTFIX_FORCE="typo", VLLMHOTFIX_STRICT="1")
-    assert done.returncode == 1 and "vllm_hotfix.errors.HotfixError: VLLMHOTFIX_FORCE: 'typo'" in done.stderr
+    assert done.returncode == 0 and "settings problem: VLLMHOTFIX_FORCE: 'typo'" in done.stderr
 
     assert _import().stderr == ""  # nothing set: nothing read, nothing said
 

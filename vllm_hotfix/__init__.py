@@ -119,8 +119,8 @@ def _arm() -> None:
 
 
 def _check_settings() -> None:
-    """A switch set: read the switches now (settings.check_at_import); nothing is imported when
-    none is. An error reaches the host only in strict mode."""
+    """A switch set: report its problems now (settings.check_at_import); nothing is imported when
+    none is set. Never raises: strict mode raises when the fixes are decided."""
     environ = _os.environ
     if not any(name in environ for name in _SWITCHES) and not any(
         name.startswith(_OLD_PREFIX) for name in environ
@@ -130,14 +130,9 @@ def _check_settings() -> None:
         from vllm_hotfix import settings
 
         settings.check_at_import()
-    except Exception as error:
-        if environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
-            raise
-        try:
-            _sys.stderr.write(f"vllm-hotfix: settings not read: {type(error).__name__}: {error}\n")
-        except Exception:
-            pass
+    except Exception:
+        pass  # a module that cannot be read is reported once (raised in strict mode) by the arming
 
 
-_check_settings()  # raises only in strict mode
+_check_settings()  # never raises
 _arm()  # raises only in strict mode

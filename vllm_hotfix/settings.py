@@ -115,15 +115,13 @@ def unreported(problems: tuple[str, ...]) -> list[str]:
 
 def check_at_import() -> None:
     """Read the switches at `import vllm_hotfix`: each problem is one line on stderr (vLLM's logger
-    may not exist yet), and strict mode raises HotfixError there."""
-    from vllm_hotfix.errors import HotfixError
+    may not exist yet). Strict mode raises later, when the fixes are decided inside vLLM's import
+    of the model's module: raised here, vLLM's plugin loader would swallow the error and run vLLM
+    unpatched, the opposite of strict."""
     from vllm_hotfix.fixes import FIX_IDS
 
-    found = read_settings(FIX_IDS)
-    for line in unreported(found.problems):
+    for line in unreported(read_settings(FIX_IDS).problems):
         sys.stderr.write(line + "\n")
-    if found.strict and found.problems:
-        raise HotfixError("; ".join(found.problems))
 
 
 def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, ...]]:
