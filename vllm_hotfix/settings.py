@@ -106,8 +106,8 @@ _reported: set[str] = set()
 
 
 def unreported(problems: tuple[str, ...]) -> list[str]:
-    """The lines to show for the problems not shown yet in this process: each once, worded alike
-    wherever it is found (at `import vllm_hotfix`, when a fix is decided, by `vllm-hotfix status`)."""
+    """The lines vLLM's log shows for the problems not logged yet in this process: each once, worded
+    as `import vllm_hotfix` and `vllm-hotfix status` word them."""
     lines = [f"vllm-hotfix: settings problem: {p}" for p in problems if p not in _reported]
     _reported.update(problems)
     return lines
@@ -120,8 +120,8 @@ def check_at_import() -> None:
     unpatched, the opposite of strict."""
     from vllm_hotfix.fixes import FIX_IDS
 
-    for line in unreported(read_settings(FIX_IDS).problems):
-        sys.stderr.write(line + "\n")
+    for problem in read_settings(FIX_IDS).problems:  # vLLM's log says them again, once, as ERRORs
+        sys.stderr.write(f"vllm-hotfix: settings problem: {problem}\n")
 
 
 def cache_root(environ: dict[str, str] | None = None) -> tuple[str, tuple[str, ...]]:
