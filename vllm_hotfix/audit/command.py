@@ -108,6 +108,7 @@ class Audit(verify_command._Run):
         self.chosen = chosen
         self.out = ""
         self.max_len: int | None = None
+        self._rows: tuple[outcome_mod.Outcome, list[dict[str, Any]]] | None = None
 
     def before_vllm(self, plan: verify_command.Plan) -> None:
         self.out = os.path.join(plan.report_dir, plan.run_id, "audit")
@@ -159,6 +160,13 @@ class Audit(verify_command._Run):
 
     # -- the judgement -------------------------------------------------------------------------
     def results(self, judged: outcome_mod.Outcome) -> list[dict[str, Any]]:
+        """Each file's row, read once per judgement (the document, the text and the exit code
+        all need them, and a dataset's results are a file each)."""
+        if self._rows is None or self._rows[0] is not judged:
+            self._rows = (judged, self._read_results(judged))
+        return self._rows[1]
+
+    def _read_results(self, judged: outcome_mod.Outcome) -> list[dict[str, Any]]:
         proven = judged.verdict == outcome_mod.PASS
         rows = []
         for index, found in enumerate(self.chosen.audited):

@@ -65,11 +65,12 @@ def judge(
     import torch
 
     states = stored.to(torch.float32)
+    recomputed = {k: v.to(torch.float32) for k, v in references.items()}
     tokens = states.shape[0]
     entries = []
     for column, layer_id in enumerate(ids):
         mine = states[:, column]
-        rel = relative(mine, references[layer_id].to(torch.float32))
+        rel = relative(mine, recomputed[layer_id])
         wrong = rel > tolerance
         wrong |= ~torch.isfinite(mine).all(dim=-1)
         entry: dict[str, Any] = {
@@ -82,7 +83,6 @@ def judge(
         }
         if entry["status"] == "wrong":
             entry["first_wrong_token"] = int(wrong.nonzero()[0, 0])
-            recomputed = {k: v.to(torch.float32) for k, v in references.items()}
             cause = likely_cause(layer_id, mine, wrong, recomputed, tolerance, ids)
             if entry["wrong_tokens"] < tokens:
                 some = f"wrong on {entry['wrong_tokens']} of {tokens} tokens"
