@@ -26,6 +26,7 @@ class _Files(BaseHTTPRequestHandler):
             self.send_error(404)
             return
         asked = self.headers.get("Range")
+        self.log.append((self.path, asked))  # before answering: the client may check it at once
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", asked or "")
         if not self.honour_range or match is None:
             self._send(200, data, {})
@@ -37,7 +38,6 @@ class _Files(BaseHTTPRequestHandler):
                 start, stop = int(first), min(len(data), int(last) + 1 if last else len(data))
             headers = {"Content-Range": f"bytes {start}-{stop - 1}/{len(data)}"}
             self._send(206, data[start:stop], headers)
-        self.log.append((self.path, asked))
 
     def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
         self.send_response(status)
