@@ -13,15 +13,14 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.testenv import FIXED, TestEnv, child_result
 from harness.ways_in import install_plugin
+from tests.audit_data import IDS, ZEROS_FROM, audit, columns, planted, snapshot
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("audit")]
-IDS = "1,2,4"  # the files' ids; the 4-layer checkpoint's final layer is 4
 
 
 @pytest.fixture(scope="module")
@@ -39,85 +38,36 @@ def made(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempP
     return out / "data"
 
 
-def _columns(made: Path, target: Path, plant: dict[str, Any] | None = None) -> Path:
-    """The files with ids 1, 2 and 4 (columns 0, 1, 3 of ids 1..4), `plant[name]` applied to one's
-    states (given the four-id states it can take layer 3's, an id off by one, from)."""
-    from safetensors.torch import load_file, save_file
-
-    target.mkdir()
-    for path in sorted(made.glob("*.safetensors")):
-        tensors = load_file(str(path))
-        full = tensors["hidden_states"]
-        states = full[:, [0, 1, 3]].clone()
-        if plant and path.name in plant:
-            plant[path.name](states, full)
-        save_file(
-            {"hidden_states": states.contiguous(), "token_ids": tensors["token_ids"]}, str(target / path.name)
-        )
-    return target
-
-
-def _audit(testenv: TestEnv, plugin: str, work: Path, *args: str) -> Any:
-    return testenv.run(
-        ["-m", "vllm_hotfix", "audit", *args],
-        paths=(plugin,),
-        timeout=900,
-        VLLM_CACHE_ROOT=str(work / "vllm-cache"),
-    )
-
-
-def _snapshot(data: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(data.iterdir())}
-
-
 @pytest.mark.engine
 def test_a_dataset_made_right_is_all_ok_and_left_as_it_was(
     testenv, plugin, tiny_checkpoint, made, tmp_path
 ) -> None:
-    data = _columns(made, tmp_path / "data")
-    before = _snapshot(data)
-    done = _audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    data = columns(made, tmp_path / "data")
+    before = snapshot(data)
+    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert (found["verdict"], found["exit_code"], found["check"]["verdict"]) == ("PASS", 0, "PASS")
     assert found["check"]["compilation"]["mode"] != "NONE"  # vLLM's default: compiled
     assert [f["status"] for f in found["files"]] == ["ok"] * 6
     assert all([e["id"] for e in f["per_id"]] == [1, 2, 4] for f in found["files"])
-    assert _snapshot(data) == before  # contents and modification times
+    assert snapshot(data) == before  # contents and modification times
 
 
-def _noise(states: Any, full: Any) -> None:
-    import torch
-
-    generator = torch.Generator().manual_seed(0)
-    states[:, 0] += 0.3 * torch.randn(states[:, 0].shape, generator=generator) * states[:, 0].std()
-
-
-PLANTED = {
-    "sample-000.safetensors": (2, lambda s, full: s[:, 1].mul_(1.5), r"scaled by 1\.5"),
-    "sample-001.safetensors": (
-        2,
-        lambda s, full: s[:, 1].copy_(full[:, 2]),  # layer 3's state where id 2's belongs
-        r"the state of layer 3, a neighbouring layer \(an id off by one\)",
-    ),
-    "sample-002.safetensors": (4, lambda s, full: s[:, 2].copy_(s[:, 1]), "an alias of id 2"),
-    "sample-003.safetensors": (1, lambda s, full: s[10:, 0].zero_(), r"wrong on \d+ of \d+ tokens: zeros"),
-    "sample-004.safetensors": (1, _noise, None),  # like a rank's partial sum: no pattern
-    # the padding slot's overwrite (vLLM 0.24.0, CUDA graphs): one stored row replaced
-    "sample-005.safetensors": (4, lambda s, full: s[-1, 2].copy_(s[0, 2]), r"wrong on 1 of \d+ tokens"),
-}
+# one defect per file: sample-000 scaled, 001 off by one, 002 alias, 003 zeros, 004 noise, 005 one row
+PLANTED = planted([f"sample-{i:03d}.safetensors" for i in range(6)])
 
 
 @pytest.mark.engine
 def test_planted_defects_are_flagged_on_exactly_their_files_and_ids(
     testenv, plugin, tiny_checkpoint, made, tmp_path
 ) -> None:
-    data = _columns(made, tmp_path / "data", {name: how for name, (_, how, _) in PLANTED.items()})
+    data = columns(made, tmp_path / "data", {name: how for name, (_, how, _) in PLANTED.items()})
     shutil.copy(data / "sample-000.safetensors", data / "sample-006.safetensors")  # a sound file...
     (data / "sample-006.safetensors").write_bytes(
         (data / "sample-006.safetensors").read_bytes()[:-100]
     )  # cut
-    done = _audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
     assert done.returncode == 1, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert (found["verdict"], found["check"]["verdict"]) == ("FAIL", "PASS")
@@ -130,7 +80,7 @@ def test_planted_defects_are_flagged_on_exactly_their_files_and_ids(
         assert entry["status"] == "wrong" and [e["id"] for e in wrong] == [layer_id], (name, entry)
         said = wrong[0].get("cause")
         assert (said is None) if cause is None else re.fullmatch(cause, said or ""), (name, said)
-    assert files["sample-003.safetensors"]["per_id"][0]["first_wrong_token"] == 10
+    assert files["sample-003.safetensors"]["per_id"][0]["first_wrong_token"] == ZEROS_FROM
 
 
 @pytest.mark.parametrize(
@@ -146,7 +96,7 @@ def test_planted_defects_are_flagged_on_exactly_their_files_and_ids(
 def test_bad_input_is_one_line_and_exit_4_before_vllm(
     testenv, tiny_checkpoint, made, tmp_path, args: list[str], said: str
 ) -> None:
-    data = _columns(made, tmp_path / "data")
+    data = columns(made, tmp_path / "data")
     (tmp_path / "empty").mkdir()
     where = {"model": str(tiny_checkpoint), "data": str(data), "empty": str(tmp_path / "empty")}
     argv = [a.format(**where) for a in args]
