@@ -32,6 +32,7 @@ BENCHMARKS = (
     "engine_throughput",
     "v32_tp_cost",
     "verify_cost",
+    "audit_cost",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
@@ -58,6 +59,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/reference.py",
         "vllm_hotfix/verify/taps.py",
         "benchmarks/verify_cost.py",
+    ),
+    "audit_cost": (
+        "vllm_hotfix/audit/command.py",
+        "vllm_hotfix/audit/compare.py",
+        "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/worker.py",
+        "benchmarks/audit_cost.py",
     ),
 }
 
