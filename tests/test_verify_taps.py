@@ -273,18 +273,16 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
     if plant is not None:
         state = plant(state)
     proj = checks.projection(HIDDEN, "cpu")
-    capacity = max(tokens, 1)
     prints, scales, _ = checks.fingerprints([state], [True], 1, tokens, proj)
-    blocks = torch.randn(world, 1, reference.block_size(capacity))  # stale rows beyond the shard
+    seen = torch.tensor([[[1.0, float(chunk)]]] * world)
+    tapped = torch.randn(world, 1, 2, tokens, checks.K)  # stale rows beyond the shard
     for r in range(world):
-        blocks[r, 0, :2] = torch.tensor([1.0, float(chunk)])
-        tap = blocks[r, 0, reference.HEAD :].view(2, capacity, checks.K)
         shard = slice(r * chunk, (r + 1) * chunk)
-        seen = min(chunk, capacity)
-        tap[0, :seen] = (hidden[shard] @ proj)[:seen]
-        tap[1, :seen] = (residual[shard] @ proj)[:seen]
+        rows_seen = min(chunk, tokens)
+        tapped[r, 0, 0, :rows_seen] = (hidden[shard] @ proj)[:rows_seen]
+        tapped[r, 0, 1, :rows_seen] = (residual[shard] @ proj)[:rows_seen]
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
-    return reference.judge([1], tokens, *every, blocks, 2e-2, [None], None, capacity, rows)[0]
+    return reference.judge([1], tokens, *every, seen, tapped, 2e-2, [None], None, rows)[0]
 
 
 @pytest.mark.parametrize(("tokens", "rows"), [(1, 1), (3, 8), (5, 5), (6, 6)])
@@ -313,13 +311,11 @@ def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
     hidden, residual = torch.randn(tokens, HIDDEN, generator=g), torch.randn(tokens, HIDDEN, generator=g)
     proj = checks.projection(HIDDEN, "cpu")
     prints, scales, _ = checks.fingerprints([hidden + residual], [True], 1, tokens, proj)
-    blocks = torch.full((world, 1, reference.block_size(tokens)), float("nan"))
-    for r in range(world):
-        blocks[r, 0, :2] = torch.tensor([2.0, 4.0])  # two calls, the last of 4 rows
-        tap = blocks[r, 0, reference.HEAD :].view(2, tokens, checks.K)
-        tap[0, :4], tap[1, :4] = hidden[4:] @ proj, residual[4:] @ proj
+    seen = torch.tensor([[[2.0, 4.0]]] * world)  # two calls, the last of 4 rows
+    tapped = torch.full((world, 1, 2, tokens, checks.K), float("nan"))
+    tapped[:, 0, 0, :4], tapped[:, 0, 1, :4] = hidden[4:] @ proj, residual[4:] @ proj
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
-    entry = reference.judge([1], tokens, *every, blocks, 2e-2, [None], None, tokens, tokens)[0]
+    entry = reference.judge([1], tokens, *every, seen, tapped, 2e-2, [None], None, tokens)[0]
     assert entry["status"] == "n/a" and "the layer saw 4 rows for 8 tokens" in entry["why"], entry
 
 

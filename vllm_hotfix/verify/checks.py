@@ -1,11 +1,11 @@
 """The checks of one forward's aux hidden states, independent of the model class, in two halves.
 
 `record` runs in each rank, in the model's forward hook (hook.py): the count and shapes, the
-fingerprints of the states and of the taps, finiteness and the final id, as one flat body that the
-rank writes to the run's report directory (or its error, by stage). `judge_step` runs in the
-command after the run, on the bodies of every tensor-parallel rank for the same forward: ranks
-agree, each rank's own checks, and the per-id comparison (reference.py). The ranks exchange
-nothing: the fingerprint is linear, so a reduced stream is the sum of the ranks' bodies. Nothing
+fingerprints of the states and of the taps, finiteness and the final id, as a dict of small CPU
+tensors that the rank writes to the run's report directory (or its error, by stage). `judge_step`
+runs in the command after the run, on every tensor-parallel rank's record of the same forward:
+ranks agree, each rank's own checks, and the per-id comparison (reference.py). The ranks exchange
+nothing: the fingerprint is linear, so a reduced stream is the sum of the ranks' records. Nothing
 here writes to a state: fingerprints and norms are computed on copies.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from vllm_hotfix.verify import reference
 from vllm_hotfix.verify.reference import K, project, projection, rel_prints
@@ -47,12 +47,12 @@ class StepCheck:
     tokens: int
     count_ok: bool
     count_detail: str
-    finite_ok: bool
-    final_ok: bool | None  # None: the final id not requested, or its norm input not observable
-    final_rel_diff: float | None
-    ranks_rel_diff: float  # the largest relative disagreement with the first rank, over ids and tokens
-    ranks_worst_id: int | None
-    tolerance: float
+    finite_ok: bool = True
+    final_ok: bool | None = None  # None: the final id not requested, or its norm input not observable
+    final_rel_diff: float | None = None
+    ranks_rel_diff: float = 0.0  # the largest relative disagreement with the first rank, over ids and tokens
+    ranks_worst_id: int | None = None
+    tolerance: float = TOLERANCE_32BIT
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
     final_error: str | None = None  # why this rank could not apply the final norm
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
@@ -70,7 +70,7 @@ class StepCheck:
 
     @property
     def failed(self) -> bool:
-        """A real failure, seen in what the ranks that completed the step sent."""
+        """A real failure, seen in what the ranks that completed the step recorded."""
         return bool(self.failed_ranks) or not self.ranks_agree or not self.ids_ok
 
     @property
@@ -81,22 +81,6 @@ class StepCheck:
     @property
     def ok(self) -> bool:
         return self.complete and not self.failed
-
-
-# The stages of a record, in order; a rank whose check raises at one records its error instead.
-STAGES = ("step", "record", "shapes", "projection", "float32", "final-norm", "payload", "judge")
-
-
-def error_text(stage: str, error: BaseException) -> str:
-    """What a rank sends about its error: `STAGE: Type: message` (the stage is read back from it)."""
-    return f"{stage}: {type(error).__name__}: {error}"
-
-
-def parse_error(rank: int, text: str) -> dict[str, Any]:
-    stage, _, message = text.partition(": ")
-    if stage not in STAGES:
-        stage, message = "record", text
-    return {"rank": rank, "stage": stage, "message": message}
 
 
 def rel_rows(a: Any, b: Any) -> Any:
@@ -110,11 +94,6 @@ def rel_rows(a: Any, b: Any) -> Any:
     ).float()
 
 
-def _final_fails(value: float, limit: float) -> bool:
-    """-1 means not checked; NaN (a non-finite norm input or output) fails."""
-    return value != -1.0 and not value <= limit
-
-
 def shapes(
     states: list[Any], ids: Sequence[int], tokens: int, hidden_size: int
 ) -> tuple[bool, str, list[bool]]:
@@ -126,15 +105,12 @@ def shapes(
         isinstance(s, torch.Tensor) and s.dim() == 2 and s.shape[0] >= tokens and s.shape[1] == hidden_size
         for s in states
     ]
-    count_ok = len(states) == wanted and all(shaped)
     if len(states) != wanted:
-        detail = f"{len(states)} state(s) for {wanted} id(s)"
-    elif not all(shaped):
+        return False, f"{len(states)} state(s) for {wanted} id(s)", shaped
+    if not all(shaped):
         bad = [tuple(s.shape) if isinstance(s, torch.Tensor) else type(s).__name__ for s in states]
-        detail = f"shapes {bad}, expected [>={tokens}, {hidden_size}] each"
-    else:
-        detail = "ok"
-    return count_ok, detail, shaped
+        return False, f"shapes {bad}, expected [>={tokens}, {hidden_size}] each", shaped
+    return True, "ok", shaped
 
 
 def fingerprints(
@@ -156,33 +132,8 @@ def fingerprints(
     return prints, scales, finite
 
 
-def body_size(ids: Sequence[int], max_tokens: int) -> int:
-    """The payload of a step: 3 flags, then K floats per id and token, up to max_tokens (the
-    step's checked tokens), then one scale per id and token."""
-    return 3 + len(ids) * max_tokens * (K + 1)
-
-
-def payload(count_ok: bool, finite: Any, final: Any, prints: Any, scales: Any, capacity: int) -> Any:
-    """The body this rank sends: its three flags, then its fingerprints and their scales, each
-    padded with NaN to capacity."""
-    import torch
-
-    wanted, checked, _ = prints.shape
-    padded = torch.full((wanted, capacity, K), float("nan"), device=prints.device)
-    padded[:, :checked] = prints
-    scaled = torch.full((wanted, capacity), float("nan"), device=prints.device)
-    scaled[:, :checked] = scales
-    flags = torch.stack([torch.tensor(float(count_ok), device=prints.device), finite.float(), final.float()])
-    return torch.cat([flags, padded.flatten(), scaled.flatten()])
-
-
-def unpack(bodies: Any, wanted: int, capacity: int, checked: int) -> tuple[Any, Any, Any]:
-    """Every rank's body ([world, body_size]) read back: flags [world, 3], fingerprints
-    [world, ids, checked, K] and scales [world, ids, checked]."""
-    prints_end = 3 + wanted * capacity * K
-    prints = bodies[:, 3:prints_end].reshape(-1, wanted, capacity, K)[:, :, :checked]
-    scales = bodies[:, prints_end : prints_end + wanted * capacity].reshape(-1, wanted, capacity)
-    return bodies[:, :3], prints, scales[:, :, :checked]
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def record(
@@ -198,180 +149,107 @@ def record(
     """This rank's record of one forward: `aux`, what the model returned as aux states for `ids`;
     `hidden_states`, its output (the final norm's output when `final_index` names the final id's
     position in `ids`, observed with `final_norm`); a longer forward is recorded on its first
-    `max_tokens` tokens. A stage that raises gives `error` instead of `body` (never raised)."""
+    `max_tokens` tokens. A stage that raises gives `error` {"stage", "message"} (never raised)."""
     import torch
 
     tokens = int(hidden_states.shape[0]) if isinstance(hidden_states, torch.Tensor) else 0
     checked = min(tokens, max(int(max_tokens), 1))
-    sent = max(checked, 1)
-    found: dict[str, Any] = {"tokens": tokens, "checked": checked, "sent": sent, "rows": None}
-    found.update(count_ok=False, detail="not checked", tolerance=TOLERANCE_32BIT, final_error=None)
+    found: dict[str, Any] = {"tokens": tokens, "checked": checked, "rows": None, "count_ok": False}
+    found.update(detail="not checked", tolerance=TOLERANCE_32BIT, final_error=None)
     stage = "shapes"
     try:
         states = list(aux) if isinstance(aux, (list, tuple)) else []
         count_ok, detail, shaped = shapes(states, ids, tokens, hidden_size)
-        found.update(count_ok=count_ok, detail=detail)
+        found.update(
+            count_ok=count_ok, detail=detail, rows=int(states[0].shape[0]) if count_ok and states else None
+        )
         first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
-        found["rows"] = int(states[0].shape[0]) if count_ok and states else None
-        device = first.device
         found["tolerance"] = tolerance(first.dtype)
         stage = "projection"
-        proj = projection(hidden_size, device)
+        proj = projection(hidden_size, first.device)
         stage = "float32"
         prints, scales, finite = fingerprints(states, shaped, len(ids), checked, proj)
         stage = "final-norm"
-        final = torch.tensor(-1.0, device=device)  # -1: not checked
+        final = -1.0  # not checked
         if final_index is not None and final_norm is not None and final_index < len(states) and count_ok:
             try:  # a norm that cannot be applied here makes the final id n/a, not the forward an error
                 expected = final_norm(states[final_index][:checked]).float()
-                final = rel_rows(expected, hidden_states[:checked].float()).max()
+                final = float(rel_rows(expected, hidden_states[:checked].float()).max())
             except Exception as norm_error:
-                final = torch.tensor(-1.0, device=device)
-                found["final_error"] = (
-                    f"the final norm could not be applied: {type(norm_error).__name__}: {norm_error}"
-                )
-        stage = "payload"
-        body = payload(count_ok, finite, final, prints, scales, sent)
-        found["body"] = torch.cat([body, reference.blocks(taps, ids, checked, body.device, sent)]).cpu()
-        found["notes"] = reference.notes(taps, ids)
+                found["final_error"] = f"the final norm could not be applied: {_one_line(norm_error)}"
+        stage = "taps"
+        seen, tapped = reference.tap_prints(taps, ids, checked)
+        found.update(finite=bool(finite), final=final, prints=prints.cpu(), scales=scales.cpu())
+        found.update(tap_seen=seen.cpu(), tap_prints=tapped.cpu(), notes=reference.notes(taps, ids))
     except Exception as raised:
-        found["error"] = error_text(stage, raised)
+        found["error"] = {"stage": stage, "message": _one_line(raised)}
     return found
 
 
-@dataclass
-class Gathered:
-    """What the ranks recorded for one forward, side by side."""
-
-    bodies: Any  # [world, size] float32
-    errors: list[str | None]
-    problem: str | None = None
+def _fails(found: dict[str, Any], limit: float) -> bool:
+    """A rank's own checks failed: count, finiteness, or the final id (-1: not checked; NaN fails)."""
+    final = found["final"]
+    return not (found["count_ok"] and found["finite"]) or (final != -1.0 and not final <= limit)
 
 
 def judge_step(
     records: Sequence[dict[str, Any] | None], ids: Sequence[int], own_rank: int, final_id: int | None
 ) -> StepCheck:
     """One forward judged from every tensor-parallel rank's record (None: that rank has none), as
-    rank `own_rank` reports it. Every rank's report judges the same data alike."""
+    rank `own_rank` reports it; every rank's report judges the same data alike. Ranks whose check
+    raised are errors (not failures); the others are compared with the first of them."""
     import torch
 
-    world = len(records)
     mine = records[own_rank] or {}
-    tokens, checked = int(mine.get("tokens", 0)), mine.get("checked")
-    count_ok, detail = bool(mine.get("count_ok")), str(mine.get("detail", "not recorded"))
-    final_error = mine.get("final_error")
     limit = float(mine.get("tolerance", TOLERANCE_32BIT))
-    missing = [rank for rank, found in enumerate(records) if found is None]
-    errors = [None if found is None else found.get("error") for found in records]
-    sizes = {(found["tokens"], found["sent"]) for found in records if found and "body" in found}
-    problem = None
+    step = StepCheck(
+        int(mine.get("tokens", 0)), bool(mine.get("count_ok")), str(mine.get("detail", "not recorded"))
+    )
+    step.tolerance, step.final_error, step.checked = limit, mine.get("final_error"), mine.get("checked")
+    step.errors = [
+        {"rank": r, **found["error"]} for r, found in enumerate(records) if found and "error" in found
+    ]
+    good = [r for r, found in enumerate(records) if found and "error" not in found]
+    missing = [r for r, found in enumerate(records) if found is None]
+    sizes = sorted({(records[r]["tokens"], records[r]["checked"]) for r in good})  # type: ignore[index]
     if missing:
-        problem = f"no record of this forward from rank(s) {missing}"
+        step.missing_note = f"no record of this forward from rank(s) {missing}"
     elif len(sizes) > 1:
-        problem = f"the ranks recorded forwards of different sizes {sorted(sizes)}"
-    sent = next(iter(sizes))[1] if len(sizes) == 1 else 1
-    width = max((found["body"].numel() for found in records if found and "body" in found), default=1)
-    bodies = torch.full((world, width), float("nan"))
-    for rank, found in enumerate(records):
-        if found and "body" in found and problem is None:
-            bodies[rank] = found["body"]
-    got = Gathered(bodies, [e if e else None for e in errors], problem)
+        step.missing_note = f"the ranks recorded forwards of different sizes {sizes}"
+    if step.missing_note is not None:
+        return step
+    found = [records[r] or {} for r in range(len(records))]
     try:
-        step = judge(
-            got, ids, tokens, checked or 0, sent, world, own_rank, limit, count_ok, detail, final_error
-        )
-        if problem is None and not any(errors):
-            main = body_size(ids, sent)
-            _, prints, scales = unpack(bodies[:, :main], len(ids), sent, cast(int, checked))
-            blocks = bodies[:, main:].reshape(world, len(ids), reference.block_size(sent))
-            notes = next((f["notes"] for f in records if f and any(f.get("notes") or [])), [None] * len(ids))
+        for r in good[1:]:
+            scale = torch.maximum(found[r]["scales"], found[good[0]]["scales"])
+            rel = rel_prints(found[r]["prints"], found[good[0]]["prints"], scale)
+            rel = rel.nan_to_num(nan=0.0, posinf=float("inf"))  # [ids, tokens]; NaN where a state was missing
+            if rel.numel():
+                value, index = rel.max(dim=1).values.max(dim=0)
+                if float(value) > step.ranks_rel_diff:
+                    step.ranks_rel_diff, step.ranks_worst_id = float(value), ids[int(index)]
+        step.failed_ranks = [r for r in good if _fails(found[r], limit)]
+        if own_rank in good:
+            step.finite_ok, final = mine["finite"], mine["final"]
+            step.final_ok, step.final_rel_diff = (None, None) if final < 0 else (final <= limit, final)
+        if not step.errors:
+            notes = next((f["notes"] for f in found if any(f["notes"])), [None] * len(ids))
+            prints, scales, seen, tapped = (
+                torch.stack([f[key] for f in found]) for key in ("prints", "scales", "tap_seen", "tap_prints")
+            )
+            checked, rows = step.checked or 0, mine.get("rows")
             step.per_id = reference.judge(
-                ids,
-                cast(int, checked),
-                prints,
-                scales,
-                blocks,
-                limit,
-                notes,
-                final_id,
-                sent,
-                mine.get("rows"),
+                ids, checked, prints, scales, seen, tapped, limit, notes, final_id, rows
             )
         return step
     except Exception as raised:
-        text = error_text("judge", raised)
+        error = {"rank": own_rank, "stage": "judge", "message": _one_line(raised)}
         return StepCheck(
-            tokens, count_ok, detail, True, None, None, 0.0, None, limit,
-            errors=[parse_error(own_rank, text)], final_error=final_error, checked=checked,
-        )  # fmt: skip
-
-
-def judge(
-    got: Gathered,
-    ids: Sequence[int],
-    tokens: int,
-    checked: int,
-    capacity: int,
-    world: int,
-    own_rank: int,
-    limit: float,
-    count_ok: bool,
-    detail: str,
-    final_error: str | None,
-) -> StepCheck:
-    """The forward's verdict from what every rank recorded: ranks that raised are errors (not
-    failures), the others are compared with the first of them."""
-    import torch
-
-    errors = [parse_error(r, text) for r, text in enumerate(got.errors) if text]
-    if got.problem is not None:
-        return StepCheck(
-            tokens,
-            count_ok,
-            detail,
-            True,
-            None,
-            None,
-            0.0,
-            None,
-            limit,
-            [],
-            final_error,
-            errors,
-            got.problem,
-            checked=checked,
+            step.tokens,
+            step.count_ok,
+            step.count_detail,
+            tolerance=limit,
+            final_error=step.final_error,
+            errors=[error],
+            checked=step.checked,
         )
-    rank_flags, rank_prints, rank_scales = unpack(got.bodies, len(ids), capacity, checked)
-    good = [r for r in range(world) if not got.errors[r]]
-    worst, worst_id = 0.0, None
-    for r in good[1:]:
-        # [ids, tokens]; NaN where a state was missing
-        scale = torch.maximum(rank_scales[r], rank_scales[good[0]])
-        rel = rel_prints(rank_prints[r], rank_prints[good[0]], scale)
-        rel = torch.where(torch.isnan(rel), torch.zeros_like(rel), rel)
-        if rel.numel():
-            value, index = rel.max(dim=1).values.max(dim=0)
-            if float(value) > worst:
-                worst, worst_id = float(value), ids[int(index)]
-    failed = [
-        r
-        for r in good
-        if rank_flags[r, 0] < 1 or rank_flags[r, 1] < 1 or _final_fails(float(rank_flags[r, 2]), limit)
-    ]
-    own = rank_flags[own_rank].tolist()
-    mine = own_rank in good
-    return StepCheck(
-        tokens=tokens,
-        count_ok=count_ok,
-        count_detail=detail,
-        finite_ok=own[1] >= 1 if mine else True,
-        final_ok=None if not mine or own[2] < 0 else own[2] <= limit,
-        final_rel_diff=None if not mine or own[2] < 0 else own[2],
-        ranks_rel_diff=worst,
-        ranks_worst_id=worst_id,
-        tolerance=limit,
-        failed_ranks=failed,
-        final_error=final_error,
-        errors=errors,
-        checked=checked,
-    )

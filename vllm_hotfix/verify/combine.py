@@ -49,7 +49,8 @@ def _records(directory: str) -> list[dict[str, Any]]:
         try:
             found.append(torch.load(path, weights_only=True))
         except Exception as error:
-            found.append({"error": f"record: unreadable {os.path.basename(path)}: {error}"})
+            message = f"unreadable {os.path.basename(path)}: {error}"
+            found.append({"error": {"stage": "record", "message": message}})
     return found
 
 

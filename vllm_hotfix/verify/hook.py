@@ -178,7 +178,9 @@ class Recorder:
             self.final_norm = None
             self.facts["final_note"] = f"the layers are not of the (hidden_states, residual) form ({odd[0]})"
         if self.hidden_size is None:
-            found: dict[str, Any] = {"error": "step: the model's hidden size is not readable"}
+            found: dict[str, Any] = {
+                "error": {"stage": "step", "message": "the model's hidden size is not readable"}
+            }
         else:
             found = checks.record(
                 aux,

@@ -1,10 +1,9 @@
 """Per id: the captured state against what the model's layer actually received (taps.py), judged.
 
-Each rank records per forward, per requested id, a block of `block_size(capacity)` floats
-(capacity: the rows its record holds per id, at least the checked tokens): [calls since the last
-record, rows the tap saw, fingerprint of the layer's `hidden_states` (capacity x K), fingerprint of
-its `residual` (capacity x K)], NaN beyond the checked tokens, and per id why it cannot be compared
-(`notes`), if so. The command then judges every rank's states of that forward the same way:
+Each rank records per forward, per requested id, what its tap saw (`tap_prints`: calls since the
+last record, rows, and the fingerprints of the layer's `hidden_states` and `residual`) and why the
+id cannot be compared (`notes`), if so. The command then judges every rank's states of that
+forward the same way:
 
 - the layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ by
   more than the tolerance (a replicated tensor is bit-identical on the ranks of a correct group;
@@ -37,7 +36,6 @@ from typing import Any
 # taps.py import them from this module, never the reverse (no import circle, tests/test_layout.py).
 K = 8
 SEED = 20260119
-HEAD = 2  # calls, rows
 
 _projections: dict[tuple[int, str], Any] = {}
 
@@ -86,33 +84,28 @@ def rel_prints(a: Any, b: Any, scale: Any) -> Any:
     return torch.where(difference == 0, torch.zeros_like(difference), difference / scale).float()
 
 
-def block_size(capacity: int) -> int:
-    return HEAD + 2 * capacity * K
-
-
-def blocks(taps: Any, ids: Sequence[int], tokens: int, device: Any, capacity: int | None = None) -> Any:
-    """This rank's per-id blocks for its first `tokens` tokens, flattened ([len(ids) *
-    block_size(capacity)] float32, on `device`); NaN blocks where there is no tap. Marks the taps'
-    calls as seen."""
+def tap_prints(taps: Any, ids: Sequence[int], tokens: int) -> tuple[Any, Any]:
+    """This rank's taps for its first `tokens` tokens: per id (calls since the last record, rows the
+    tap saw) [ids, 2] and the fingerprints of the layer's hidden_states and residual [ids, 2,
+    tokens, K], NaN where there is no tap. Marks the taps' calls as seen."""
     import torch
 
-    capacity = tokens if capacity is None else capacity
-    out = torch.full((len(ids), block_size(capacity)), float("nan"), dtype=torch.float32, device=device)
+    device = taps.meta.device if taps is not None else "cpu"
+    seen = torch.full((len(ids), 2), float("nan"), device=device)
+    prints = torch.full((len(ids), 2, tokens, K), float("nan"), device=device)
     if taps is None:
-        return out.flatten()
-    calls = taps.meta[:, 0] - taps.seen
-    rows = min(tokens, capacity, taps.max_tokens)
+        return seen, prints
+    rows = min(tokens, taps.max_tokens)
     for i, layer_id in enumerate(ids):
         site = taps.site(layer_id)
-        if site is None:
-            continue
-        out[i, 0] = calls[site].float()
-        out[i, 1] = taps.meta[site, 1].float()
-        prints = out[i, HEAD:].view(2, capacity, K)
-        prints[0, :rows] = taps.fp_hidden[site, :rows]
-        prints[1, :rows] = taps.fp_residual[site, :rows]
+        if site is not None:
+            seen[i, 0], seen[i, 1] = taps.meta[site, 0] - taps.seen[site], taps.meta[site, 1]
+            prints[i, 0, :rows], prints[i, 1, :rows] = (
+                taps.fp_hidden[site, :rows],
+                taps.fp_residual[site, :rows],
+            )
     taps.seen.copy_(taps.meta[:, 0])
-    return out.flatten()
+    return seen, prints
 
 
 def describe(layer_id: int, final_id: int | None, partial: bool, world: int) -> str:
@@ -132,22 +125,21 @@ def judge(
     tokens: int,
     prints: Any,
     scales: Any,
-    tap_blocks: Any,
+    seen: Any,
+    tapped: Any,
     tolerance: float,
     notes: Sequence[str | None],
     final_id: int | None,
-    capacity: int | None = None,
     rows: int | None = None,
 ) -> list[dict[str, Any]]:
     """One entry per id (SCHEMA "per_id"). `prints`: [world, ids, tokens, K] captured fingerprints
     of the checked tokens, `scales`: [world, ids, tokens] their rows' norms (checks.fingerprints);
-    `tap_blocks`: [world, ids, block_size(capacity)], all from the ranks' records; `notes`: per id
-    why it cannot be compared (`notes`), or None; `rows`: the rows of the forward (the captured
-    states', padding included), which tells sequence-parallel shards from whole tensors."""
+    `seen` [world, ids, 2] and `tapped` [world, ids, 2, tokens, K]: the ranks' `tap_prints`;
+    `notes`: per id why it cannot be compared, or None; `rows`: the rows of the forward (the
+    captured states', padding included), which tells sequence-parallel shards from whole tensors."""
     import torch
 
     world = prints.shape[0]
-    capacity = tokens if capacity is None else capacity
     entries = []
     for i, layer_id in enumerate(ids):
         entry: dict[str, Any] = {
@@ -159,10 +151,9 @@ def judge(
             "why": None,
         }
         entries.append(entry)
-        body = tap_blocks[:, i, HEAD:].reshape(world, 2, capacity, K)[:, :, :tokens]
-        hidden, residual = body[:, 0], body[:, 1]
-        chunk = _shard_rows(tap_blocks[:, i, 1], residual, scales[0, i], rows, tolerance)
-        why = notes[i] or _not_comparable(tokens, tap_blocks[:, i], prints[:, i], chunk)
+        hidden, residual = tapped[:, i, 0], tapped[:, i, 1]
+        chunk = _shard_rows(seen[:, i, 1], residual, scales[0, i], rows, tolerance)
+        why = notes[i] or _not_comparable(tokens, seen[:, i], prints[:, i], chunk)
         if why is not None:
             entry["why"] = why
             continue
@@ -237,8 +228,8 @@ def notes(taps: Any, ids: Sequence[int]) -> list[str | None]:
 
 
 def _not_comparable(tokens: int, block: Any, prints: Any, chunk: int | None = None) -> str | None:
-    """Why there is nothing to compare an id with in this forward's blocks, or None.
-    `block`: [world, block_size]."""
+    """Why there is nothing to compare an id with in this forward, or None. `block`: [world, 2],
+    each rank's (calls, rows) of the id's tap."""
     import torch
 
     if bool(torch.isnan(block[:, 0]).any()):

@@ -20,7 +20,7 @@ stream, the final id, finite (nan), or the count on that rank only (drop).
 
 VLLMHOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself: in the
 worker of that TP rank, the function of vllm_hotfix.verify.checks that runs STAGE (shapes,
-projection, float32, payload) raises (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`),
+projection, float32) raises (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`),
 at its CALL-th call from `record` (default 1: the first recorded forward). Calls from elsewhere
 (the taps build their projection when they are attached) are not counted, so CALL is the forward.
 The run must then be UNKNOWN, naming that rank.
@@ -117,7 +117,6 @@ CHECK_STAGES = {
     "shapes": "shapes",
     "projection": "projection",
     "float32": "fingerprints",
-    "payload": "payload",
 }
 
 if CHECK_FAULT:
