@@ -10,7 +10,7 @@ it (`reader_norm`): its sum is an output of vLLM's all-reduce + add-RMSNorm fusi
 the layer's `hidden_states` is an intermediate a tap would keep from fusing (`_tap_norms`).
 Each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, registered when the taps are made
 (Dynamo refuses `torch.library` inside a trace), that writes both tensors' fingerprints into
-preallocated buffers (`out=`), counts its call and notes the layer's form: no Python side effect,
+preallocated tensors (`out=`), counts its call and notes the layer's form: no Python side effect,
 no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
 """
 
@@ -42,13 +42,6 @@ META = 3  # calls, rows written, form
 _registry: weakref.WeakKeyDictionary[Any, Taps] = weakref.WeakKeyDictionary()
 _libraries: list[Any] = []  # the op's definition lives as long as its Library object
 _ops: dict[str, Any] = {}  # the op's overload
-# The names of the taps' tensors on each hooked module (`Taps.hook`), in the op's order
-BUFFERS = (
-    "_vllm_hotfix_projection",
-    "_vllm_hotfix_fp_hidden",
-    "_vllm_hotfix_fp_residual",
-    "_vllm_hotfix_meta",
-)
 
 
 def _tap(
@@ -81,16 +74,7 @@ def _tap(
     meta[site, 1].fill_(int(hidden.shape[0]))
 
 
-def _fake(
-    hidden: Any,
-    residual: Any,
-    projection: Any,
-    fp_hidden: Any,
-    fp_residual: Any,
-    meta: Any,
-    site: int,
-    form: int,
-) -> None:
+def _fake(*args: Any) -> None:
     return None
 
 
@@ -146,8 +130,6 @@ class Taps:
         self.layer_names: dict[int, str] = {}  # row: the class of the layer its hook is on
         self.unread: dict[int, str] = {}  # row: why its pair form's stream is unknown (no source)
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
-        self.handles: list[Any] = []  # every hook of these taps, the norms' included
-        self.modules: list[Any] = []  # the modules they are on, which hold the taps' buffers (`hook`)
         self.after_norm: dict[int, str] = {}  # row: the norm that taps its pair form (_tap_norms)
 
     def site(self, layer_id: int) -> int | None:
@@ -181,6 +163,9 @@ class Taps:
             return False
         return bool(value.dim() == 2 or (value.dim() == 3 and value.shape[0] == 1))
 
+    def _write(self, hidden: Any, residual: Any, row: int, form: int) -> None:
+        self.op(hidden, residual, self.projection, self.fp_hidden, self.fp_residual, self.meta, row, form)
+
     def entry_hook(self, layer: Any, row: int) -> Any:
         names = list(inspect.signature(layer.forward).parameters)
 
@@ -188,11 +173,11 @@ class Taps:
             bound = dict(zip(names, args, strict=False)) | kwargs
             hidden, residual = bound.get("hidden_states"), bound.get("residual")
             if self._tensor(hidden) and residual is None:
-                self.op(hidden, None, *self._out(module, row), STREAM)
+                self._write(hidden, None, row, STREAM)
             elif self._tensor(hidden) and self._tensor(residual):
-                self.op(hidden, residual, *self._out(module, row), PAIR)
+                self._write(hidden, residual, row, PAIR)
             else:
-                self.op(None, None, *self._out(module, row), OTHER)
+                self._write(None, None, row, OTHER)
             return None
 
         return pre
@@ -219,7 +204,7 @@ class Taps:
                         return None  # the norm's hook taps what the norm returns (docstring)
                     hidden, residual, form = output[0], output[1], PAIR
             if form == OTHER or not form_only:
-                self.op(hidden, residual, *self._out(module, row), form)
+                self._write(hidden, residual, row, form)
             return None
 
         return post
@@ -235,31 +220,10 @@ class Taps:
             if not self._tensor(residual) or not isinstance(output, tuple) or len(output) != 2:
                 return None  # called without the pair (a stream form): the layer's exit hook taps
             if self._tensor(output[1]):
-                self.op(output[1], None, *self._out(module, row), STREAM)
+                self._write(output[1], None, row, STREAM)
             return None
 
         return post
-
-    def hook(self, module: Any) -> Any:
-        """`module`, with the taps' tensors as its non-persistent buffers (once), before a hook of
-        these taps goes on it. Compiled, a hook's tensors become graph inputs that Dynamo's bytecode
-        fetches at every call by where the trace found them: from the hooked module's buffers that
-        is a few attribute lookups, the way vLLM's own buffers (a rotary embedding's cos/sin cache)
-        are fetched; from the hook's closure it goes through the module's hook dict
-        (`dict_keys_getitem`), profiled at 4-6 us a forward on the tiny CPU model."""
-        if any(known is module for known in self.modules):  # a second hook (the first layer's exit)
-            return module
-        for name, tensor in zip(BUFFERS, self._tensors(), strict=True):
-            module.register_buffer(name, tensor, persistent=False)
-        self.modules.append(module)
-        return module
-
-    def _tensors(self) -> tuple[Any, Any, Any, Any]:
-        return self.projection, self.fp_hidden, self.fp_residual, self.meta
-
-    @staticmethod
-    def _out(module: Any, row: int) -> tuple[Any, Any, Any, Any, int]:
-        return (*(getattr(module, name) for name in BUFFERS), row)
 
 
 # vLLM's transformers backend (models/transformers/base.py) keeps no `aux_hidden_state_layers`: its
@@ -340,25 +304,31 @@ def attach(
     if not local:
         return None
     wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
-    taps = Taps(holder, start, len(local), list(wanted), max_tokens or _most_checked(), hidden_size)
+    if max_tokens is None:
+        from vllm_hotfix.verify import settings
+
+        max_tokens = settings.read().tokens
+    taps = Taps(holder, start, len(local), list(wanted), max_tokens, hidden_size)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
-            layer = taps.hook(layers[start])
-            taps.handles.append(
-                layer.register_forward_pre_hook(taps.entry_hook(layer, row), with_kwargs=True)
-            )
-            taps.handles.append(layer.register_forward_hook(taps.exit_hook(row, form_only=True)))
+            layer = layers[start]
+            layer.register_forward_pre_hook(taps.entry_hook(layer, row), with_kwargs=True)
+            layer.register_forward_hook(taps.exit_hook(row, form_only=True))
         else:
             layer = layers[layer_id - 1]
             # the layer that reads this stream (the last layer's own class for the final id)
             reader = layers[layer_id] if layer_id < len(layers) else layer
             discards = _discards(reader)
             if discards is None:
-                taps.unread[row] = _unread_reason(reader)
-            exit_hook = taps.exit_hook(row, stream_first=bool(discards))
-            taps.handles.append(taps.hook(layer).register_forward_hook(exit_hook))
+                taps.unread[row] = (
+                    f"the source of {type(reader).__name__}.forward cannot be read, so whether the stream"
+                    " it receives is hidden_states + residual or hidden_states alone is unknown (install"
+                    " vLLM with its .py files, not only compiled bytecode)"
+                )
+            layer.register_forward_hook(taps.exit_hook(row, stream_first=bool(discards)))
         taps.layer_names[row] = type(layer).__name__
-    taps.bypassed = _bypassed(holder)  # every id n/a with this reason, not "the tap did not run"
+    # every id n/a with this reason, not "the tap did not run" (no source: the hooks are the evidence)
+    taps.bypassed = _from_source(type(holder), split_layer_reason, type(holder).__name__)
     _tap_norms(taps, holder, layers, end)
     _registry[holder] = taps
     return taps
@@ -386,7 +356,7 @@ def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
         norm = getattr(owner, name, None) if name else None
         if not isinstance(norm, torch.nn.Module):
             continue
-        taps.handles.append(taps.hook(norm).register_forward_hook(taps.norm_hook(row), with_kwargs=True))
+        norm.register_forward_hook(taps.norm_hook(row), with_kwargs=True)
         taps.after_norm[row] = f"{type(owner).__name__}.{name}"
 
 
@@ -487,29 +457,8 @@ def _discards(layer: Any) -> bool | None:
     return found
 
 
-def _unread_reason(layer: Any) -> str:
-    name = type(layer).__name__
-    return (
-        f"the source of {name}.forward cannot be read, so whether the stream it receives is"
-        " hidden_states + residual or hidden_states alone is unknown (install vLLM with its .py"
-        " files, not only compiled bytecode)"
-    )
-
-
-def _bypassed(holder: Any) -> str | None:
-    # no source to read (or not parsable): the hooks are the only evidence
-    found: str | None = _from_source(type(holder), split_layer_reason, type(holder).__name__)
-    return found
-
-
 def of(holder: Any) -> Taps | None:
     return _registry.get(holder)
-
-
-def _most_checked() -> int:
-    from vllm_hotfix.verify import settings as verify_settings
-
-    return verify_settings.read().tokens
 
 
 def hidden_size(model: Any) -> int | None:
