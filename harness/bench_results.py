@@ -53,9 +53,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "verify_cost": (
         "vllm_hotfix/verify/checks.py",
-        "vllm_hotfix/verify/combine.py",
         "vllm_hotfix/verify/command.py",
         "vllm_hotfix/verify/hook.py",
+        "vllm_hotfix/verify/outcome.py",
         "vllm_hotfix/verify/reference.py",
         "vllm_hotfix/verify/taps.py",
         "benchmarks/verify_cost.py",

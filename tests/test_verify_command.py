@@ -3,7 +3,7 @@ everything checked, 3 the command or vLLM failed, 4 usage error), this run's rec
 expected rank counted, the ranks' records combined after the run, engine arguments through vLLM's
 own parser, --json, --timeout, and `vllm-hotfix status`'s line on the check.
 
-The verdict logic runs on report dicts (what combine.py makes of the ranks' records; with and
+The verdict logic runs on report dicts (what outcome.py makes of the ranks' records; with and
 without the fields other parts of the check add: per_id, errors); the combining runs on records
 made by the ranks' own function (checks.record) on small tensors. The command's failures run the
 real command on the real vLLM of the test environment; one of them starts the engine (a checkpoint
@@ -30,7 +30,7 @@ RUN = "this-run"
 
 
 def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | None = RUN, **more: Any):
-    """A rank's report as combine.py makes it (the keys the verdict reads)."""
+    """A rank's report as outcome.py makes it (the keys the verdict reads)."""
     found = {
         "verdict": verdict,
         "run_id": run_id,
@@ -81,7 +81,7 @@ def test_a_missing_rank_is_not_a_pass() -> None:
 
 def test_an_id_not_compared_is_not_a_pass() -> None:
     """Count, shape and finiteness alone never PASS. A rank whose forwards compared every id but
-    one says UNKNOWN (combine.py); the run is UNKNOWN, exit 2, naming the id and why."""
+    one says UNKNOWN (outcome.py); the run is UNKNOWN, exit 2, naming the id and why."""
     why = "id 1 is not tapped on this rank (its layers' boundaries 2..3)"
     partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
     reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
@@ -140,23 +140,21 @@ def _write_rank(run_dir: Path, tp: int, records: list[dict[str, Any]], ids: list
 
 
 def test_the_ranks_records_are_combined_after_the_run(tmp_path: Path) -> None:
-    """combine.py reads this run's directory only, judges forward n of every rank together, and
+    """outcome.py reads this run's directory only, judges forward n of every rank together, and
     names a rank whose record of a forward is missing; a rank's planted fault makes both reports
     FAIL with the ranks disagreeing (no exchange: the command compares the ranks' records)."""
     pytest.importorskip("torch")
-    from vllm_hotfix.verify import combine
-
     ids = [1, 2]
     (tmp_path / "an-earlier-run").mkdir()
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids)[:1], ids)  # rank 1 recorded the first forward only
-    reports, ignored = combine.read_run(str(tmp_path), RUN)
+    reports, ignored = outcome.read_run(str(tmp_path), RUN)
     assert ignored == 1 and [r["rank"] for r in reports] == [0, 1] and [r["steps"] for r in reports] == [2, 2]
     assert all(r["verdict"] == "UNKNOWN" and "from rank(s) [1]" in r["note"] for r in reports), reports
     shutil.rmtree(tmp_path / RUN)
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids, lambda aux: [aux[0] * 1.5, aux[1]]), ids)
-    reports, _ = combine.read_run(str(tmp_path), RUN)
+    reports, _ = outcome.read_run(str(tmp_path), RUN)
     for found in reports:
         assert found["verdict"] == "FAIL" and not found["ranks_agree"]["ok"], found
         assert found["ranks_agree"]["worst_id"] == 1 and found["count"]["ok"]

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_hotfix.verify import combine  # noqa: E402
+from vllm_hotfix.verify import outcome  # noqa: E402
 from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
 from vllm_hotfix.verify.checks import judge_step, record  # noqa: E402
 
@@ -80,7 +80,7 @@ def _check(model, taps, states=None, forward=None):
 def _report(*checks) -> dict:
     """One rank's report of these forwards, as the command combines it."""
     facts = {"run_id": "r", "tp": 0, "tp_world": 1, "ids": IDS, "final_note": "observed"}
-    return combine.summary(facts, list(checks))
+    return outcome.summary(facts, list(checks))
 
 
 @pytest.mark.parametrize("form", ["pair", "none", "tensor"])

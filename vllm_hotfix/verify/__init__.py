@@ -9,7 +9,6 @@ and gives one verdict:
 - `hook.py`: in each engine process, the hooks on the model class the engine builds;
 - `taps.py`: what each decoder layer received (module hooks, one custom op);
 - `checks.py`, `reference.py`: a forward's record in a rank, and its judgement over the ranks;
-- `combine.py`: the ranks' records after the run, one report per rank;
-- `outcome.py`: the run's verdict and exit code;
+- `outcome.py`: the ranks' records combined after the run, one report per rank, and the verdict;
 - `inductor_order.py`: torch's fix of a lost write-before-read order, where the taps need it.
 """

@@ -278,9 +278,7 @@ class _Run:
         ignored = 0
         if plan is not None:
             try:
-                from vllm_hotfix.verify import combine
-
-                reports, ignored = combine.read_run(plan.report_dir, plan.run_id)
+                reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
             except Exception as failed:  # e.g. no torch: the command's own failure
                 error = error or f"the reports could not be combined: {_one_line(failed)}"
         run_id = plan.run_id if plan is not None else ""

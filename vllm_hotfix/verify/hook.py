@@ -208,12 +208,11 @@ class Recorder:
         """What to do should the command find a FAIL: the fix that covers the model, if any."""
         from vllm_hotfix import engine
         from vllm_hotfix.fixes import ALL_FIXES
-        from vllm_hotfix.verify.combine import hint
+        from vllm_hotfix.verify.outcome import hint
 
-        holder = self.holder
-        if holder is None:
+        if self.holder is None:
             return None
-        return hint(type(holder).__module__, engine.records(), ALL_FIXES, type(holder))
+        return hint(type(self.holder).__module__, engine.records(), ALL_FIXES, type(self.holder))
 
 
 def final_norm_note(inner: Any) -> tuple[Any, str]:
