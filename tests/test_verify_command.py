@@ -23,6 +23,7 @@ import pytest
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
 from vllm_hotfix import cli, report
+from vllm_hotfix.cli_output import Parser
 from vllm_hotfix.verify import command, outcome
 from vllm_hotfix.verify.outcome import World, judge
 
@@ -426,13 +427,10 @@ def test_an_unwritable_report_directory_is_refused_before_vllm(
     blocked = tmp_path / "a-file"
     blocked.write_text("x")
     monkeypatch.setattr(command, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
-    command.json_usage = True
-    try:
-        runner = command._Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
-        with pytest.raises(SystemExit) as stop:
-            command.run_with(runner)  # type: ignore[arg-type]
-    finally:
-        command.json_usage = False
+    monkeypatch.setattr(Parser, "json_requested", False)  # put back after cli.parse sets it
+    runner = command._Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
+    with pytest.raises(SystemExit) as stop:
+        command.run_with(runner)  # type: ignore[arg-type]
     found = json.loads(capsys.readouterr().out)
     assert stop.value.code == 4 and found["exit_code"] == 4 and "not writable" in found["error"]
 

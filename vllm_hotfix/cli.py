@@ -209,9 +209,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     Parser.json_requested = "--json" in head  # usage errors then print a JSON document too
     parser = build_parser()
-    from vllm_hotfix.verify import command as verify_command
-
-    verify_command.json_usage = "--json" in head
     args, extra = parser.parse_known_args(head)
     if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
         if extra or tail:

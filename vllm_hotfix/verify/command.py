@@ -1,18 +1,12 @@
 """`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: a pre-flight. Start an engine of its own
-with the user's flags, compiled as vLLM's default and with CUDA graphs off through vLLM's public
-compilation config (`cudagraph_mode: NONE`; `--enforce-eager` stays the user's choice), run a
-bounded workload of prompts, and judge every forward of it from the ranks' records.
+with the user's flags (parsed by the installed vLLM's own parser, so every `vllm serve` flag works),
+compiled as vLLM's default with CUDA graphs off through its public compilation config, run a bounded
+workload, and judge every forward of it from the ranks' records (outcome.py).
 
-Exit codes (vllm_hotfix/exit_codes.py): 0 PASS, 1 FAIL, 2 not everything checked (UNKNOWN), 3 the
-command or vLLM failed (vLLM refusing the engine arguments, its own error, the --timeout), 4 a usage
-error (before vLLM is imported; an unwritable report directory too). Engine arguments are parsed
-by the installed vLLM's own parser (EngineArgs.add_cli_args), so every `vllm serve` flag works.
-Only the verdict goes to stdout (one JSON document with --json): vLLM's log is sent to stderr.
-
-The engine's processes hook the model (hook.py), armed there by the `vllm.general_plugins` entry
-point that a pip install of vllm-hotfix registers (or its site hook), and write their records to
-the run's report directory; after the run this command combines them (combine.py) and judges the
-run (outcome.py). The ranks exchange nothing.
+Exit codes (vllm_hotfix/exit_codes.py): 0 PASS, 1 FAIL, 2 not everything checked, 3 the command or
+vLLM failed (refused engine arguments, its own error, the --timeout), 4 a usage error (before vLLM
+is imported). Only the verdict goes to stdout (one JSON document with --json): vLLM's log goes to
+stderr. The engine's processes are armed by vllm-hotfix's `vllm.general_plugins` entry point.
 """
 
 from __future__ import annotations
@@ -31,9 +25,11 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import Any, TextIO, cast
 
 from vllm_hotfix import exit_codes
+from vllm_hotfix.cli_output import Parser
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
@@ -78,27 +74,22 @@ def default_ids(layers: int) -> list[int]:
     return [*sorted(eagle3), layers]
 
 
-def _numbers(text: str, what: str, least: int) -> list[int]:
-    """A comma-separated list of whole numbers >= least; argparse turns the error into exit 3."""
-    try:
-        values = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: {what} must be whole numbers, e.g. 1,4") from None
-    if not values or min(values) < least:
-        raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
-    return values
+def _numbers(what: str, least: int) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of whole numbers >= least (else a usage error)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be whole numbers, e.g. 1,4") from None
+        if not values or min(values) < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
+        return values
+
+    return parse
 
 
-def _ids(text: str) -> list[int]:
-    return _numbers(text, "aux layer ids", 0)
-
-
-def _lengths(text: str) -> list[int]:
-    return _numbers(text, "prompt lengths", 1)
-
-
-def _batches(text: str) -> list[int]:
-    return _numbers(text, "batch sizes", 1)
+_ids = _numbers("aux layer ids", 0)
 
 
 def _seconds(text: str) -> float:
@@ -244,12 +235,6 @@ def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
         return EngineArgs.from_cli_args(namespace)
     except Exception as error:
         raise CommandError(f"vLLM refused the engine arguments {given}: {_one_line(error)}") from error
-
-
-def _spec_method(config: Any) -> str | None:
-    if isinstance(config, dict):
-        return config.get("method")
-    return getattr(config, "method", None)
 
 
 class _Run:
@@ -465,7 +450,8 @@ class _Run:
                     "--ids sets extract_hidden_states' layer ids; with your own --speculative-config"
                     " its aux layer ids are the ones checked (set them there)"
                 )
-            plan.method = f"your --speculative-config (method {_spec_method(own)!r})"
+            method = own.get("method") if isinstance(own, dict) else getattr(own, "method", None)
+            plan.method = f"your --speculative-config (method {method!r})"
             plan.ids = None
         else:
             layers = int(config.hf_text_config.num_hidden_layers)
@@ -511,7 +497,7 @@ class _Run:
         options = {f.name: getattr(self.engine, f.name) for f in dataclasses.fields(self.engine) if f.init}
         try:
             self.llm = LLM(**options)
-            plan.compilation = _modes(self.llm)
+            plan.compilation = runtime.compilation(self.llm.llm_engine.vllm_config)
             model_config = self.llm.llm_engine.model_config
             vocab, max_len = model_config.get_vocab_size(), int(model_config.max_model_len)
             plan.skipped_lengths = [n for n in plan.lengths if n + DECODE > max_len]
@@ -610,14 +596,6 @@ def no_cuda_graphs(engine: Any) -> None:
         config.cudagraph_mode = CUDAGraphMode.NONE
 
 
-def _modes(llm: Any) -> dict[str, Any]:
-    """The compilation and CUDA-graph modes the engine ran with, read from its config."""
-    try:
-        return runtime.modes(llm.llm_engine.vllm_config.compilation_config)
-    except Exception as error:
-        return {"mode": None, "cudagraph_mode": None, "error": _one_line(error)}
-
-
 CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
 CHECKED_CACHES = "vllm-hotfix-verify"  # the directory, under vLLM's cache root, of checked runs' caches
 
@@ -699,13 +677,10 @@ def run_with(runner: _Run) -> int:
     return exit_codes.ERROR  # not reached: finish exits
 
 
-json_usage = False  # set by cli.parse when --json is among verify's own options
-
-
 def _usage_exit(message: str, usage: str | None = None) -> Any:
     """Exit 4 at once, in one line on stderr (and one JSON document on stdout under --json)."""
     print(f"vllm-hotfix verify: error: {message} (exit {exit_codes.USAGE})", file=sys.stderr)
-    if json_usage:  # a pipeline reading stdout gets a document, not nothing
+    if Parser.json_requested:  # a pipeline reading stdout gets a document, not nothing
         document = {
             "schema": SCHEMA,
             "command": "verify",
@@ -717,13 +692,6 @@ def _usage_exit(message: str, usage: str | None = None) -> Any:
         }
         print(json.dumps(document, indent=2), flush=True)
     sys.exit(exit_codes.USAGE)
-
-
-def _usage_error(parser: argparse.ArgumentParser) -> Any:
-    def error(message: str) -> Any:
-        _usage_exit(message, parser.format_usage().strip())
-
-    return error
 
 
 def add_parser(commands: Any) -> None:
@@ -740,7 +708,7 @@ def add_parser(commands: Any) -> None:
         " command does not know) go unchanged to the installed vLLM's own parser, e.g."
         " `-- --tensor-parallel-size 8 --quantization fp8`: give it your server's flags.",
     )
-    verify.error = _usage_error(verify)
+    verify.error = lambda message: _usage_exit(message, verify.format_usage().strip())
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
     verify.add_argument(
         "--ids",
@@ -751,12 +719,14 @@ def add_parser(commands: Any) -> None:
     )
     verify.add_argument(
         "--prompt-lengths",
-        type=_lengths,
+        type=_numbers("prompt lengths", 1),
         help="prompt lengths in tokens, e.g. 16,64,512,2048 (the default; those over max_model_len are"
         " left out and named)",
     )
     verify.add_argument(
-        "--batch-sizes", type=_batches, help="prompts per generate call, each length in each (default 1,4)"
+        "--batch-sizes",
+        type=_numbers("batch sizes", 1),
+        help="prompts per generate call, each length in each (default 1,4)",
     )
     verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
     verify.add_argument(

@@ -31,18 +31,19 @@ def dummy_forward() -> bool:
         return False
 
 
-def modes(config: Any) -> dict[str, Any]:
-    """The compilation mode and CUDA-graph mode a vLLM compilation config says."""
-    mode = getattr(config, "mode", getattr(config, "level", None))
-    graphs = getattr(config, "cudagraph_mode", None)
-    return {"mode": str(getattr(mode, "name", mode)), "cudagraph_mode": str(getattr(graphs, "name", graphs))}
-
-
-def compilation() -> dict[str, Any]:
-    """The compilation mode and CUDA-graph mode this engine runs with (the report says which ran)."""
+def compilation(config: Any = None) -> dict[str, Any]:
+    """The compilation mode and CUDA-graph mode an engine runs with (the report says which ran):
+    those of `config` (a vLLM config), else of this process's current one."""
     try:
-        from vllm.config import get_current_vllm_config
+        if config is None:
+            from vllm.config import get_current_vllm_config
 
-        return modes(get_current_vllm_config().compilation_config)
+            config = get_current_vllm_config()
+        mode = getattr(config.compilation_config, "mode", getattr(config.compilation_config, "level", None))
+        graphs = getattr(config.compilation_config, "cudagraph_mode", None)
+        return {
+            "mode": str(getattr(mode, "name", mode)),
+            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
+        }
     except Exception as error:
         return {"mode": None, "cudagraph_mode": None, "error": f"{type(error).__name__}: {error}"}
