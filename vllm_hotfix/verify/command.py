@@ -26,10 +26,11 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import Parser
+from vllm_hotfix.cli_output import Parser, UsageError
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
@@ -53,10 +54,6 @@ DUMMY_CAVEAT = (
 
 class CommandError(Exception):
     """vLLM refused the engine arguments, or the run could not go on: exit 3, in one line."""
-
-
-class UsageError(Exception):
-    """A bad option or path, found before vLLM is imported: exit 4, in one line."""
 
 
 def check_ids(ids: list[int], layers: int) -> None:
@@ -131,54 +128,48 @@ def _figure(value: Any) -> str:
 def format_reports(reports: list[dict[str, Any]]) -> str:
     lines = []
     for r in reports:
-        agree, final = r.get("ranks_agree") or {}, r.get("final") or {}
+        agree, final, count = r.get("ranks_agree") or {}, r.get("final") or {}, r.get("count") or {}
         lines.append(f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}")
         if r.get("model") is not None:
+            compiled, checked = r.get("compilation") or {}, r.get("checked_tokens")
             lines.append(f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')},")
             lines[-1] += f" vLLM {r.get('vllm_version')}"
-            compiled = r.get("compilation") or {}
             lines.append(
                 f"  forwards checked: {r.get('steps')} (tokens {r.get('tokens')}); compilation mode"
                 f" {compiled.get('mode')}, CUDA graphs {compiled.get('cudagraph_mode')}"
             )
-            checked = r.get("checked_tokens")
             if checked is not None and checked != r.get("tokens"):
                 lines[-1] += f", compared on their first tokens: {checked} ({verify_settings.TOKENS_VAR})"
         if r.get("steps"):
-            count = r.get("count") or {}
-            lines.append(
-                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}"
-            )
-            tolerance, figure = agree.get("tolerance"), _figure(agree.get("max_rel_diff"))
-            lines.append(
-                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {figure},"
-                f" tolerance {'n/a' if tolerance is None else f'{tolerance:.0e}'}"
-                + (f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else "")
-                + ")"
-            )
-            lines.append(f"  finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}")
-            if final.get("ok") is None:
-                lines.append(f"  final id: not checked ({final.get('note')})")
-            else:
-                word = "ok" if final["ok"] else "FAIL"
-                lines.append(f"  final id: {word} (max rel diff {_figure(final.get('max_rel_diff'))})")
-        coverage = r.get("coverage")
-        if isinstance(coverage, dict) and r.get("steps"):
-            lines.append(f"  coverage: {outcome_mod.coverage_text(coverage)}")
-        for entry in r.get("per_id") or []:
-            figure = f"max rel diff {_figure(entry.get('max_rel_diff'))}"
-            against = f" vs {entry['reference']}" if entry.get("reference") else ""
-            why = f": {entry['why']}" if entry.get("why") else ""
-            lines.append(f"  id {entry.get('id')}: {entry.get('status')} ({figure}{against}){why}")
-        for error in r.get("errors") or []:
-            lines.append(
-                f"  error on rank {error.get('rank')} at {error.get('stage')}: {error.get('message')}"
-            )
-        if r.get("failed_ranks"):
-            lines.append(f"  failed on ranks: {r['failed_ranks']}")
-        for key in ("note", "hint"):
-            if r.get(key):
-                lines.append(f"  {key}: {r[key]}")
+            tolerance = "n/a" if agree.get("tolerance") is None else f"{agree['tolerance']:.0e}"
+            worst = f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else ""
+            figure = _figure(final.get("max_rel_diff"))
+            lines += [
+                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}",
+                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff"
+                f" {_figure(agree.get('max_rel_diff'))}, tolerance {tolerance}{worst})",
+                f"  finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}",
+                f"  final id: not checked ({final.get('note')})"
+                if final.get("ok") is None
+                else f"  final id: {'ok' if final['ok'] else 'FAIL'} (max rel diff {figure})",
+            ]
+            coverage = r.get("coverage")
+            if isinstance(coverage, dict):
+                missing = ", ".join(str(entry["id"]) for entry in coverage["not_compared"])
+                lines.append(f"  coverage: all {coverage['ids']} ids compared")
+                if missing:
+                    done = f"{len(coverage['compared'])} of {coverage['ids']}"
+                    lines[-1] = f"  coverage: {done} ids compared; not compared: {missing} (per-id says why)"
+        for e in r.get("per_id") or []:
+            against = f" vs {e['reference']}" if e.get("reference") else ""
+            why, figure = f": {e['why']}" if e.get("why") else "", _figure(e.get("max_rel_diff"))
+            lines.append(f"  id {e.get('id')}: {e.get('status')} (max rel diff {figure}{against}){why}")
+        lines += [
+            f"  error on rank {e.get('rank')} at {e.get('stage')}: {e.get('message')}"
+            for e in r.get("errors") or []
+        ]
+        lines += [f"  failed on ranks: {r['failed_ranks']}"] if r.get("failed_ranks") else []
+        lines += [f"  {key}: {r[key]}" for key in ("note", "hint") if r.get(key)]
     return "\n".join(lines)
 
 
@@ -227,14 +218,18 @@ def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
     return cast(argparse.Namespace, namespace)
 
 
-def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
-    """vLLM's EngineArgs, which check the values (a tokenizer, a config) as they are made."""
-    from vllm.engine.arg_utils import EngineArgs
-
+def _vllm_checks(given: list[str], make: Callable[[], Any]) -> Any:
+    """`make()`, where vLLM checks the engine arguments' values (a tokenizer, a config): exit 3."""
     try:
-        return EngineArgs.from_cli_args(namespace)
+        return make()
     except Exception as error:
         raise CommandError(f"vLLM refused the engine arguments {given}: {_one_line(error)}") from error
+
+
+def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return _vllm_checks(given, lambda: EngineArgs.from_cli_args(namespace))
 
 
 class _Run:
@@ -266,25 +261,17 @@ class _Run:
                 reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
             except Exception as failed:  # e.g. no torch: the command's own failure
                 error = error or f"the reports could not be combined: {_one_line(failed)}"
-        run_id = plan.run_id if plan is not None else ""
         world = plan.world if plan is not None else outcome_mod.World()
-        judged = outcome_mod.judge(reports, run_id, world, error, ignored)
+        judged = outcome_mod.judge(reports, plan.run_id if plan else "", world, error, ignored)
         document = self.document(judged, timed_out)
         if plan is not None and self.own_dir is None:  # beside the records, in a directory kept
             with contextlib.suppress(OSError):
-                os.makedirs(os.path.join(plan.report_dir, plan.run_id), exist_ok=True)
-                path = os.path.join(plan.report_dir, plan.run_id, VERDICT_FILE)
-                with open(path, "w", encoding="utf-8") as out:
-                    json.dump(document, out, indent=2)
-        try:
-            if self.args.json:
-                print(json.dumps(document, indent=2), file=self.stdout)
-            else:
-                print(self.text(judged), file=self.stdout)
+                (run_dir := Path(plan.report_dir, plan.run_id)).mkdir(parents=True, exist_ok=True)
+                (run_dir / VERDICT_FILE).write_text(json.dumps(document, indent=2), encoding="utf-8")
+        with contextlib.suppress(Exception):
+            print(json.dumps(document, indent=2) if self.args.json else self.text(judged), file=self.stdout)
             self.stdout.flush()
             sys.stderr.flush()
-        except Exception:
-            pass
         code = self.exit_code(judged)
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
@@ -306,8 +293,7 @@ class _Run:
                     child.send_signal(signal.SIGTERM if not forced else signal.SIGKILL)
             # after vLLM's own shutdown what is left is mostly multiprocessing's resource tracker,
             # which ignores SIGTERM: waiting 10 s on it was a tenth of a tiny model's whole check
-            psutil.wait_procs(children, timeout=2)
-            for child in children:
+            for child in psutil.wait_procs(children, timeout=2)[1]:
                 with contextlib.suppress(Exception):
                     child.kill()
 
@@ -343,6 +329,12 @@ class _Run:
 
     def document(self, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
         plan = self.plan
+        workload = plan and {
+            "prompt_lengths": plan.lengths,
+            "skipped_lengths": plan.skipped_lengths,
+            "batch_sizes": plan.batches,
+            "decode_tokens": DECODE,
+        }
         return {
             "schema": SCHEMA,
             "command": "verify",
@@ -352,26 +344,19 @@ class _Run:
             "problems": judged.problems,
             "error": judged.error,
             "timed_out": timed_out,
-            "run_id": plan.run_id if plan else None,
+            "run_id": plan and plan.run_id,
             "model": self.args.model,
             "engine_args": list(self.args.engine_args),
-            "method": plan.method if plan else None,
-            "ids": plan.ids if plan else None,
-            "world": plan.world.as_dict() if plan else None,
-            "workload": None
-            if plan is None
-            else {
-                "prompt_lengths": plan.lengths,
-                "skipped_lengths": plan.skipped_lengths,
-                "batch_sizes": plan.batches,
-                "decode_tokens": DECODE,
-            },
-            "model_class": plan.model_class if plan else None,
-            "compilation": plan.compilation if plan else None,
-            "load_format": plan.load_format if plan else None,
+            "method": plan and plan.method,
+            "ids": plan and plan.ids,
+            "world": plan and plan.world.as_dict(),
+            "workload": workload,
+            "model_class": plan and plan.model_class,
+            "compilation": plan and plan.compilation,
+            "load_format": plan and plan.load_format,
             "caveats": plan.caveats if plan else [],
             "notes": plan.notes if plan else [],
-            "report_dir": plan.report_dir if plan else None,
+            "report_dir": plan and plan.report_dir,
             "ignored_reports": judged.ignored,
             "per_id": outcome_mod.per_id(judged.reports),
             "coverage": outcome_mod.coverage(judged.reports),
@@ -405,21 +390,14 @@ class _Run:
             raise CommandError(
                 "vLLM is not installed in this Python environment: install vllm-hotfix beside it"
             )
-        lengths = args.prompt_lengths or list(DEFAULT_LENGTHS)
-        batches = args.batch_sizes or list(DEFAULT_BATCHES)
         report_dir = args.report_dir
         if report_dir:
             writable(report_dir)
         else:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
-        plan = Plan(
-            model=args.model,
-            engine_args=list(args.engine_args),
-            run_id=uuid.uuid4().hex,
-            report_dir=report_dir,
-            lengths=sorted(set(lengths)),
-            batches=sorted(set(batches)),
-        )
+        lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
+        batches = sorted(set(args.batch_sizes or DEFAULT_BATCHES))
+        plan = Plan(args.model, list(args.engine_args), uuid.uuid4().hex, report_dir, lengths, batches)
         self.plan = plan  # from here on the output names the report directory and the run id
         # Before vLLM is imported (by its argument parser): every process of the engine inherits them.
         os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
@@ -429,20 +407,15 @@ class _Run:
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
         namespace = parse_engine_args(args.model, plan.engine_args)
-        plan.world = outcome_mod.World(
-            int(getattr(namespace, "tensor_parallel_size", 1) or 1),
-            int(getattr(namespace, "pipeline_parallel_size", 1) or 1),
-            int(getattr(namespace, "data_parallel_size", 1) or 1),
+        sizes = (
+            int(getattr(namespace, f"{name}_parallel_size", 1) or 1)
+            for name in ("tensor", "pipeline", "data")
         )
+        plan.world = outcome_mod.World(*sizes)
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
         engine = engine_args_from(namespace, plan.engine_args)
         self.phase = "reading the model's config"
-        try:
-            config = engine.create_model_config()
-        except Exception as error:
-            raise CommandError(
-                f"vLLM refused the engine arguments {plan.engine_args}: {_one_line(error)}"
-            ) from error
+        config = _vllm_checks(plan.engine_args, engine.create_model_config)
         own = engine.speculative_config
         if own:
             if args.ids:
@@ -521,25 +494,25 @@ class _Run:
 def run_workload(llm: Any, plan: Plan, vocab: int, sampling: Any, run: Any = None) -> None:
     """Each prompt length in each batch size, greedy, DECODE tokens each: its prefill and decode
     forwards are all checked. Distinct prompts: no prefix-cache hit hides a prefill."""
-    counter = 0
+    counter, span = 0, max(vocab - 1, 2)
     greedy = sampling(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
     for batch in plan.batches:
         for length in plan.lengths:
             if run is not None:
                 run.phase = f"generating {batch} prompt(s) of {length} tokens"
-            prompts = []
-            for _ in range(batch):
-                prompts.append({"prompt_token_ids": _prompt(counter, length, vocab)})
-                counter += 1
-            llm.generate(prompts, greedy, use_tqdm=False)
+            # fixed token ids inside the vocabulary (no tokenizer needed), distinct per prompt
+            ids = [
+                [(37 * n + 101 * t + 7 * n * t + 5) % span + 1 for t in range(length)]
+                for n in range(counter, counter + batch)
+            ]
+            counter += batch
+            llm.generate([{"prompt_token_ids": p} for p in ids], greedy, use_tqdm=False)
 
 
 def model_class(config: Any) -> str:
-    """`module:Class` of the model vLLM will build, read from its registry's entry without importing
-    the model's module (importing deepseek_v2 alone takes about 30 s on a 2-core machine, serially
-    before the engine starts). The entry's path is what the loader imports where nothing else
-    applies (no conversion, vLLM's own implementation); otherwise vLLM's `get_model_architecture`,
-    which the loader calls itself, resolves it (importing it)."""
+    """`module:Class` of the model vLLM will build: its registry's entry where nothing else applies
+    (no conversion, vLLM's own implementation), without importing the model's module (about 30 s
+    for deepseek_v2 on 2 cores); otherwise vLLM's `get_model_architecture`, as its loader does."""
     registry = getattr(config, "registry", None)
     plain = str(getattr(config, "convert_type", "none") or "none") == "none"
     if registry is not None and plain and str(getattr(config, "model_impl", "auto")) in ("auto", "vllm"):
@@ -559,9 +532,8 @@ def model_class(config: Any) -> str:
 
 
 def model_path_problem(model: str) -> str | None:
-    """Why MODEL cannot be a checkpoint, where it names a path (absolute, ./ or ../, ~, more than
-    one slash, or an existing file): said before vLLM is imported. A Hugging Face id (org/name)
-    is left to vLLM."""
+    """Why MODEL cannot be a checkpoint where it names a path (absolute, ./, ../, ~, more than one
+    slash, an existing file), before vLLM is imported; a Hugging Face id (org/name) is vLLM's."""
     path = os.path.expanduser(model)
     if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or os.path.exists(path):
         if not os.path.isdir(path):
@@ -571,20 +543,16 @@ def model_path_problem(model: str) -> str | None:
 
 def writable(directory: str) -> None:
     """UsageError unless `directory` can be made and written (before the engine starts)."""
-    probe = os.path.join(directory, f".vllm-hotfix-probe-{os.getpid()}")
     try:
         os.makedirs(directory, exist_ok=True)
-        with open(probe, "w", encoding="utf-8") as out:
-            out.write("")
-        os.remove(probe)
+        tempfile.TemporaryFile(dir=directory).close()
     except OSError as error:
         raise UsageError(f"--report-dir {directory}: not writable ({error.strerror or error})") from None
 
 
 def no_cuda_graphs(engine: Any) -> None:
-    """CUDA graphs off through vLLM's public compilation config (`cudagraph_mode: NONE`, where the
-    release has it): every forward then runs the compiled code, with the taps. Not with
-    --enforce-eager, which compiles nothing and captures no graph."""
+    """CUDA graphs off through vLLM's public compilation config, where the release has it: every
+    forward runs the compiled code, taps included (--enforce-eager compiles nothing)."""
     if getattr(engine, "enforce_eager", False):
         return
     config = getattr(engine, "compilation_config", None)
@@ -596,13 +564,14 @@ def no_cuda_graphs(engine: Any) -> None:
         config.cudagraph_mode = CUDAGraphMode.NONE
 
 
-CACHE_ROOT_VAR = "VLLM_CACHE_ROOT"
 CHECKED_CACHES = "vllm-hotfix-verify"  # the directory, under vLLM's cache root, of checked runs' caches
 
 
-def checked_cache_key() -> str:
-    """What a graph traced with the taps depends on beyond vLLM's own key: the check's code (the
-    traced hooks, the op's schema, the fingerprint's directions) and the package version."""
+def keyed_compile_cache() -> None:
+    """vLLM's compile caches under `<vLLM's cache root>/vllm-hotfix-verify/<key>`, the key a digest of
+    the package version and the check's code, set before vLLM reads it: vLLM's ahead-of-time artifact
+    is not keyed on hooks, so in a shared directory a checked run could load a graph traced without
+    the taps (every id `n/a`), or store one with them for engines without the check."""
     import hashlib
     from pathlib import Path
 
@@ -611,36 +580,17 @@ def checked_cache_key() -> str:
     digest = hashlib.sha256(__version__.encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def keyed_compile_cache() -> None:
-    """The check's engine keeps vLLM's compile caches under `<vLLM's cache root>/vllm-hotfix-verify/<key>`:
-    vLLM's ahead-of-time artifact is keyed on its version, the forward's name and line, the config
-    and its own environment, not on hooks, so in a shared directory a checked run could load a graph
-    traced without the taps (every id `n/a`), and store one with them for engines without the check.
-    A root keyed by the check's code keeps them apart. Set before vLLM reads it (its processes
-    inherit it); a user's VLLM_DISABLE_COMPILE_CACHE=1 still applies."""
-    root = os.environ.get(CACHE_ROOT_VAR) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "vllm"
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache", "vllm"
     )
     root = os.path.expanduser(root).rstrip(os.sep)
-    key = checked_cache_key()
-    if os.path.basename(os.path.dirname(root)) == CHECKED_CACHES:
-        os.environ[CACHE_ROOT_VAR] = os.path.join(os.path.dirname(root), key)
-        return
-    os.environ[CACHE_ROOT_VAR] = os.path.join(root, CHECKED_CACHES, key)
-
-
-def _prompt(index: int, length: int, vocab: int) -> list[int]:
-    """Fixed token ids (no tokenizer needed) inside the vocabulary, distinct per index."""
-    span = max(vocab - 1, 2)
-    return [(37 * index + 101 * t + 7 * index * t + 5) % span + 1 for t in range(length)]
+    if os.path.basename(os.path.dirname(root)) == CHECKED_CACHES:  # already a checked run's root
+        root = os.path.dirname(os.path.dirname(root))
+    os.environ["VLLM_CACHE_ROOT"] = os.path.join(root, CHECKED_CACHES, digest.hexdigest()[:12])
 
 
 def _keep_stdout() -> TextIO:
-    """The real stdout for the verdict alone; fd 1 (vLLM's log, and every child process it starts)
-    goes to stderr from here on."""
+    """The real stdout, for the verdict alone; fd 1 (vLLM's log, its child processes) goes to stderr."""
     sys.stdout.flush()
     kept = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
@@ -652,8 +602,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_with(runner: _Run) -> int:
-    """Every end goes through finish (the verdict, the engine stopped, the temporary directory
-    removed), Ctrl-C too."""
+    """Every end, Ctrl-C too, goes through finish (the verdict, the engine stopped, the temporary
+    directory removed)."""
     args = runner.args
     watchdog = threading.Timer(args.timeout, runner.expire)
     watchdog.daemon = True
