@@ -1,8 +1,7 @@
 """`vllm-hotfix verify`: a pre-flight check of the aux hidden states, in an engine of its own.
 
 Wrong aux states are silent: a draft or a training set built from them is simply worse. The command
-starts vLLM with the user's flags, hooks only the model, checks every forward of a bounded workload
-and gives one verdict:
+starts vLLM with the user's flags, hooks only the model and checks every forward of a workload:
 
 - `command.py`: the command (its plan, the engine, the workload, the output);
 - `settings.py`: the switches the command sets for its engine, read without torch;

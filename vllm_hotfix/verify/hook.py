@@ -1,25 +1,14 @@
 """The check's one contact with vLLM: module hooks on the model its engine asked for aux states.
 
-`vllm-hotfix verify` starts its own engine and names, in its environment (settings.py), the model
-class vLLM's registry resolved for the checkpoint, the run and the report directory. In every
-process of that engine a post-import hook on the class's module sets, on that class, a
-`set_aux_hidden_state_layers` that calls the one it inherits and then hooks the instance:
-
-- vLLM's runner calls that method on the target model only, right after loading it and before
-  any forward, compile or CUDA-graph capture; a draft model (even of a subclass) is never asked
-  and gets nothing, and the ids hooked are the ones the model was asked for;
-- the taps (taps.py: forward hooks on decoder layers and norms, its custom op registered there,
-  before any trace) are traced into vLLM's compiled forward with the rest of the model;
-- a forward hook on the instance itself (the outer `*ForCausalLM`, which `@support_torch_compile`
-  does not decorate, so its hooks run eagerly around the compiled inner model) sees what the model
-  returns, `(hidden_states, aux_hidden_states)`, and records every forward (checks.record) to
-  `<report dir>/<run id>/<rank>/`, with the rank's facts beside it.
-
-Why the model class and not a loader or a runner: the fixes already change model classes, a class
-resolved by vLLM's own registry is exactly what the engine builds, and nothing of vLLM's runner,
-worker, engine, executor, distributed, compilation or model-loader code is replaced. From vLLM's
-runtime this module only reads facts (ranks, world sizes, the compilation config). It never
-raises into vLLM: an error is recorded for its forward and the command's verdict is not PASS.
+`vllm-hotfix verify` names, in its engine's environment (settings.py), the model class vLLM's
+registry resolved, the run and the report directory. In every process of that engine a post-import
+hook gives that class a `set_aux_hidden_state_layers` that calls the inherited one, then hooks the
+instance. vLLM's runner calls it on the target model only, after loading and before any forward,
+compile or CUDA-graph capture (a draft is never asked), with the ids to check. The taps (taps.py)
+are traced into the compiled forward; a forward hook on the outer `*ForCausalLM`, which vLLM does
+not compile, sees `(hidden_states, aux_hidden_states)` and records every forward (checks.record) to
+`<report dir>/<run id>/<rank>/`. Nothing of vLLM's runtime is replaced, only facts are read; an
+error is recorded for its forward, never raised into vLLM.
 """
 
 from __future__ import annotations
@@ -27,7 +16,6 @@ from __future__ import annotations
 import ast
 import inspect
 import json
-import logging
 import os
 import socket
 import sys
@@ -40,7 +28,6 @@ from vllm_hotfix import containment
 from vllm_hotfix.verify import runtime
 from vllm_hotfix.verify import settings as verify_settings
 
-logger = logging.getLogger("vllm.hotfix")
 SETTER = "set_aux_hidden_state_layers"
 _lock = threading.Lock()
 _armed = {"done": False}
@@ -49,20 +36,17 @@ _armed = {"done": False}
 def arm() -> None:
     """In a process of the command's engine: a post-import hook on the named class's module."""
     found = verify_settings.read()
-    if not found.armed or _armed["done"]:
-        return
+    with _lock:
+        if not found.armed or _armed["done"]:
+            return
+        _armed["done"] = True
     import wrapt
 
     from vllm_hotfix.verify import inductor_order
 
-    with _lock:
-        if _armed["done"]:
-            return
-        _armed["done"] = True
-        module_name, _, class_name = str(found.model).partition(":")
-        wrapt.register_post_import_hook(lambda module: _on_import(module, class_name), module_name)
-        # torch's fix for a lost write-before-read order in inductor's C++ backend (inductor_order.py)
-        wrapt.register_post_import_hook(inductor_order.on_import, inductor_order.MODULE)
+    module_name, _, class_name = str(found.model).partition(":")
+    wrapt.register_post_import_hook(lambda module: _on_import(module, class_name), module_name)
+    wrapt.register_post_import_hook(inductor_order.on_import, inductor_order.MODULE)
 
 
 def _on_import(module: types.ModuleType, class_name: str) -> None:
@@ -150,11 +134,9 @@ class Recorder:
         os.replace(f"{path}.tmp", path)
 
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
-        """Every forward of a step that returns aux states: its record, written before the runner
-        reads them. vLLM's dummy forwards (its memory profile, warm-ups, an idle data-parallel
-        rank's step) run without attention metadata on inputs that are no one's: on the tests' tiny
-        model their states reach 1e28, where a real model's may not be finite; they are counted,
-        not checked."""
+        """Every forward that returns aux states: its record. vLLM's dummy forwards (memory profile,
+        warm-ups, an idle data-parallel rank) run on inputs that are no one's (states up to 1e28 on
+        the tests' tiny model): counted, not checked."""
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
             return None  # an earlier pipeline stage's intermediate tensors
         if runtime.dummy_forward():
@@ -182,16 +164,8 @@ class Recorder:
                 "error": {"stage": "step", "message": "the model's hidden size is not readable"}
             }
         else:
-            found = checks.record(
-                aux,
-                hidden_states,
-                self.ids,
-                self.hidden_size,
-                self.max_tokens,
-                self.final_index,
-                self.final_norm,
-                self.taps,
-            )
+            args = (self.ids, self.hidden_size, self.max_tokens, self.final_index, self.final_norm, self.taps)
+            found = checks.record(aux, hidden_states, *args)
         self.steps += 1
         path = os.path.join(self.directory, f"step-{self.steps:06d}.pt")
         torch.save(found, f"{path}.tmp")
@@ -217,9 +191,8 @@ class Recorder:
 
 def final_norm_note(inner: Any) -> tuple[Any, str]:
     """The model's final norm as a function of the pre-norm sum, when its forward's last assignment
-    to hidden_states is `self.norm(...)`, or a fused op given `self.norm` (DeepseekV32's
-    fused_allreduce_rms_norm); else None and why not. The norm's own eager `forward_native` runs on
-    a copy of the state, outside any compiled graph: nothing compiled changes."""
+    to hidden_states is `self.norm(...)` or a fused op given `self.norm` (DeepseekV32); else None
+    and why not. The norm's eager `forward_native` runs on a copy, outside any compiled graph."""
     norm = getattr(inner, "norm", None)
     native = getattr(norm, "forward_native", None)
     name = type(inner).__name__
@@ -229,22 +202,22 @@ def final_norm_note(inner: Any) -> tuple[Any, str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
     except (OSError, TypeError, SyntaxError):
         return None, f"{name}.forward's source is not readable"
-    last = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])[:1]
-                if any(isinstance(n, ast.Name) and n.id == "hidden_states" for n in names):
-                    if last is None or node.lineno > last.lineno:
-                        last = node
+    assigned = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        for n in ([target] if isinstance(target, ast.Name) else getattr(target, "elts", [])[:1])
+        if isinstance(n, ast.Name) and n.id == "hidden_states"
+    ]
+    last = max(assigned, key=lambda node: node.lineno, default=None)
     call = last.value if last is not None and isinstance(last.value, ast.Call) else None
     direct = call is not None and ast.unparse(call.func) == "self.norm"
     fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
     if call is None or not (direct or fused):
         return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
-    # the final id is the norm's input sum only where the norm is given (hidden_states, residual):
-    # DeepSeek-V4 ends with self.norm(hidden_states) after its hyper-connection head, and its final
-    # aux is a mean over the streams by definition, not what that norm reads
+    # only a norm given (hidden_states, residual) reads the final id's sum: DeepSeek-V4's final aux
+    # is a mean over its hyper-connection streams, not what its self.norm(hidden_states) reads
     if len(call.args) < (2 if direct else 3):
         return None, f"{name}'s final norm takes no residual: its final id is not the norm's input sum"
 

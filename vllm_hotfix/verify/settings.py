@@ -15,9 +15,7 @@ REPORT_VAR = "VLLMHOTFIX_VERIFY_REPORT"
 RUN_ID_VAR = "VLLMHOTFIX_VERIFY_RUN_ID"
 MODEL_VAR = "VLLMHOTFIX_VERIFY_MODEL"  # `module:Class`, the class vLLM's registry resolved
 TOKENS_VAR = "VLLMHOTFIX_VERIFY_TOKENS"
-# The most tokens of one forward the check compares (a longer one: its first ones). It bounds the
-# taps' buffers and what a rank writes per forward whatever the scheduler's max_num_batched_tokens.
-DEFAULT_TOKENS = 4096
+DEFAULT_TOKENS = 4096  # the most tokens of a forward compared (its first): bounds the taps and records
 RETIRED = (
     f"vllm-hotfix: {VERIFY_VAR} is retired and installs nothing: the check no longer runs inside a"
     " server. Check the aux states before serving with `vllm-hotfix verify MODEL -- <this server's"

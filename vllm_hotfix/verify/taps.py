@@ -1,17 +1,14 @@
 """Taps: what each decoder layer of the model received, in the same forward as the aux states.
 
 The aux state of id k is, by vLLM's convention, the residual stream entering decoder layer k
-(`hidden_states + residual`, pre-norm; id 0: the embeddings; id N, the number of layers: the final
-norm's input). For each requested id at a boundary of this rank's layers: id = the first local
-layer, a forward pre-hook on it; any other id k, a forward hook on layer k-1 (what layer k
-receives: a `(hidden_states, residual)` pair, the stream itself, or the pair's first element where
-the reader overwrites its `residual`, `discards_residual`), or, for a pair, on the norm that reads
-it (`reader_norm`): its sum is an output of vLLM's all-reduce + add-RMSNorm fusion pattern, where
-the layer's `hidden_states` is an intermediate a tap would keep from fusing (`_tap_norms`).
-Each hook calls one opaque custom op, `vllm_hotfix_verify::tap`, registered when the taps are made
-(Dynamo refuses `torch.library` inside a trace), that writes both tensors' fingerprints into
-preallocated tensors (`out=`), counts its call and notes the layer's form: no Python side effect,
-no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
+(`hidden_states + residual`; id 0: the embeddings; id N = the layers: the final norm's input). Per
+requested id of this rank: on the first local layer a forward pre-hook; for any other id k a forward
+hook on layer k-1, or, for a `(hidden_states, residual)` pair, on the norm that reads it
+(`_tap_norms`: its sum is an output of vLLM's all-reduce + add-RMSNorm fusion pattern, where the
+layer's `hidden_states` is an intermediate a tap would keep from fusing). Each hook calls one opaque
+custom op, registered before any trace (Dynamo refuses `torch.library` inside one), that writes
+fingerprints into preallocated tensors, counts its call and notes the layer's form: no Python side
+effect, no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
 """
 
 from __future__ import annotations
@@ -19,14 +16,11 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import logging
 import operator
 import textwrap
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
-
-logger = logging.getLogger("vllm.hotfix")
 
 OP = "vllm_hotfix_verify::tap"
 SCHEMA = (
@@ -36,26 +30,18 @@ SCHEMA = (
 # The form of what a site saw (meta[site, 2]): the stream is hidden + residual (PAIR), or hidden
 # alone (STREAM: one tensor, `(hidden_states, None)`, or layer 0's input without a residual); OTHER:
 # neither (e.g. DeepSeek-V4's hyper-connection streams), nothing compared.
-UNSEEN, PAIR, STREAM, OTHER = 0, 1, 2, 3
+PAIR, STREAM, OTHER = 1, 2, 3  # 0: not seen
 META = 3  # calls, rows written, form
 
 _registry: weakref.WeakKeyDictionary[Any, Taps] = weakref.WeakKeyDictionary()
 _libraries: list[Any] = []  # the op's definition lives as long as its Library object
-_ops: dict[str, Any] = {}  # the op's overload
 
 
 def _tap(
-    hidden: Any,
-    residual: Any,
-    projection: Any,
-    fp_hidden: Any,
-    fp_residual: Any,
-    meta: Any,
-    site: int,
-    form: int,
+    hidden: Any, residual: Any, proj: Any, fp_hidden: Any, fp_residual: Any, meta: Any, site: int, form: int
 ) -> None:
-    """Fingerprints of `hidden` and `residual` (None: zeros) into row `site` of the buffers;
-    meta[site] = (calls, rows written, form)."""
+    """Fingerprints of `hidden` and `residual` (None: zeros) into row `site` of the fingerprint
+    tensors; meta[site] = (calls, rows written, form)."""
     meta[site, 0] += 1
     meta[site, 2].fill_(form)
     if hidden is None:  # OTHER: only the form is noted
@@ -66,35 +52,27 @@ def _tap(
     rows = min(int(hidden.shape[0]), int(fp_hidden.shape[1]))
     from vllm_hotfix.verify.reference import project
 
-    project(hidden[:rows], projection, fp_hidden[site, :rows])
+    project(hidden[:rows], proj, fp_hidden[site, :rows])
     if residual is None:
         fp_residual[site, :rows].zero_()
     else:
-        project(residual[:rows], projection, fp_residual[site, :rows])
+        project(residual[:rows], proj, fp_residual[site, :rows])
     meta[site, 1].fill_(int(hidden.shape[0]))
 
 
-def _fake(*args: Any) -> None:
-    return None
-
-
 def tap_op() -> Any:
-    """The custom op, registered once per process. Call it outside any trace (module docstring)."""
+    """The custom op, registered once per process, outside any trace (module docstring). Through
+    torch.library's low-level API, not `custom_op`: a call costs 2.3 us instead of 7.3 us."""
     import torch
 
-    if OP in _ops:
-        return _ops[OP]
     namespace, name = OP.split("::")
     if not hasattr(getattr(torch.ops, namespace), name):
-        # torch.library's low-level API, not `custom_op`: the same schema and kernel, but a call
-        # costs about 2.3 us instead of 7.3 us (measured on this project's CPU).
         library = torch.library.Library(namespace, "FRAGMENT")
         library.define(name + SCHEMA)
         library.impl(name, _tap, "CompositeExplicitAutograd")
-        torch.library.register_fake(OP, _fake, lib=library)
+        torch.library.register_fake(OP, lambda *args: None, lib=library)
         _libraries.append(library)
-    _ops[OP] = getattr(getattr(torch.ops, namespace), name).default
-    return _ops[OP]
+    return getattr(getattr(torch.ops, namespace), name).default
 
 
 class Taps:
@@ -102,13 +80,7 @@ class Taps:
     A site is a requested id at a boundary of this rank's layers; `rows` maps the id to its row."""
 
     def __init__(
-        self,
-        holder: Any,
-        start: int,
-        count: int,
-        ids: Sequence[int],
-        max_tokens: int,
-        hidden_size: int,
+        self, holder: Any, start: int, count: int, ids: Sequence[int], max_tokens: int, hidden_size: int
     ) -> None:
         import torch
 
@@ -183,13 +155,9 @@ class Taps:
         return pre
 
     def exit_hook(self, row: int, form_only: bool = False, stream_first: bool = False) -> Any:
-        """What the layer returns, at `row`; `form_only`: only a form that is neither (on the first
-        layer, whose input the entry hook taps: its stream means nothing for such a model);
-        `stream_first`: the receiving layer discards the residual it is given (`discards_residual`),
-        so the stream is the pair's first element alone. A pair form is left to the norm that reads
-        it where there is one (`after_norm`, `norm_hook`): tapped here, its `hidden_states` (in
-        Llama-family and DeepSeek models the all-reduce output that vLLM fuses into that norm) would
-        get a user outside the fusion pattern, and the pattern would not match."""
+        """What the layer returns, at `row`; `form_only`: only a form that is neither (the first
+        layer, whose input the entry hook taps); `stream_first`: the reader discards the residual
+        it is given (`discards_residual`). A pair is left to the norm that reads it, if any."""
 
         def post(module: Any, args: tuple[Any, ...], output: Any) -> None:
             # no Python side effect here (module docstring): what the hook learns goes through the op
@@ -210,10 +178,8 @@ class Taps:
         return post
 
     def norm_hook(self, row: int) -> Any:
-        """On the norm that reads row `row`'s pair (`reader_norm`): what it returns, the stream
-        `hidden_states + residual` it computed (a fused add-RMSNorm's second output), is the stream
-        at `row`. A pattern output, never an intermediate of vLLM's all-reduce + norm fusion: the
-        graph with this tap fuses as the graph without (tests/test_verify_fusion.py)."""
+        """On the norm that reads row `row`'s pair: its second output, the sum it computed, is the
+        stream (a fusion pattern's output: the graph fuses as without it, test_verify_fusion.py)."""
 
         def post(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             residual = args[1] if len(args) > 1 else kwargs.get("residual")
@@ -272,43 +238,27 @@ def _layer_list(module: Any) -> tuple[Any, int, int] | None:
     return (layers, start, end) if len(layers) else None
 
 
-def decoder_layers(model: Any) -> tuple[Any, Any, int, int] | None:
-    """(the module that holds the decoder layers and the aux ids, its layers, this rank's first
-    layer id and its end); a holder whose aux ids are set first (a multimodal model's language
-    model, not its tower)."""
-    found = [(module, found) for module in model.modules() if (found := _layer_list(module))]
-    found.sort(key=lambda entry: not aux_ids(entry[0]))
-    if not found:
-        return None
-    holder, (layers, start, end) = found[0]
-    return holder, layers, start, end
-
-
 def attach(
-    model: Any,
-    hidden_size: int,
-    max_tokens: int | None = None,
-    ids: Sequence[int] | None = None,
+    model: Any, hidden_size: int, max_tokens: int | None = None, ids: Sequence[int] | None = None
 ) -> Taps | None:
     """Register the taps on `model` (before compilation) for `ids` (None: every boundary of its
-    layers); None when it has no decoder layers to tap. Only this rank's layers (start_layer ..
-    end_layer under pipeline parallelism) are tapped, and only where a requested id needs it.
+    layers) on this rank's layers; None when it has no decoder layers. The holder of the layers is
+    the module whose aux ids are set (a multimodal model's language model, not its tower).
     `max_tokens`: the rows a tap keeps (default: VLLMHOTFIX_VERIFY_TOKENS)."""
-    found = decoder_layers(model)
-    if found is None:
+    found = [(module, found) for module in model.modules() if (found := _layer_list(module))]
+    if not found:
         return None
-    holder, layers, start, end = found
+    holder, (layers, start, end) = min(found, key=lambda entry: not aux_ids(entry[0]))
     if holder in _registry:
         return _registry[holder]
-    local = list(range(start, end))
-    if not local:
+    if end <= start:
         return None
     wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
     if max_tokens is None:
         from vllm_hotfix.verify import settings
 
         max_tokens = settings.read().tokens
-    taps = Taps(holder, start, len(local), list(wanted), max_tokens, hidden_size)
+    taps = Taps(holder, start, end - start, list(wanted), max_tokens, hidden_size)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
             layer = layers[start]
@@ -335,10 +285,9 @@ def attach(
 
 
 def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
-    """Move each pair form's tap (id k > the first local layer) from the exit of layer k-1 to the
-    norm that reads the pair, where its module is known: layer k's first `self.X(hidden_states,
-    residual)` (`reader_norm`; a local layer of a reader that keeps its residual), or, for the final
-    id, the holder's (its final norm). Elsewhere the exit hook taps the pair as before."""
+    """Move each pair's tap (id k > the first local layer) from the exit of layer k-1 to the norm
+    that reads the pair where it is known: layer k's first `self.X(hidden_states, residual)`
+    (`reader_norm`), or the holder's final norm for the final id."""
     import torch
 
     for layer_id, row in taps.rows.items():
@@ -365,23 +314,21 @@ def reader_norm(forward_source: str) -> str | None:
     input norm for a decoder layer, the final norm for a backbone), or None."""
     tree = ast.parse(textwrap.dedent(forward_source))
     calls = sorted(
-        (node for node in ast.walk(tree) if isinstance(node, ast.Call)),
-        key=lambda node: (node.lineno, node.col_offset),
+        (n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)
     )
     for call in calls:
-        func = call.func
+        names = [getattr(a, "id", None) for a in call.args]
         if (
-            isinstance(func, ast.Attribute)
-            and isinstance(func.value, ast.Name)
-            and func.value.id == "self"
+            isinstance(call.func, ast.Attribute)
+            and ast.unparse(call.func.value) == "self"
             and not call.keywords
-            and [getattr(a, "id", None) for a in call.args] == ["hidden_states", "residual"]
         ):
-            return func.attr
+            if names == ["hidden_states", "residual"]:
+                return call.func.attr
     return None
 
 
-def _read_source(cls: Any, reader: Any, *args: Any) -> Any:
+def _read_source(cls: Any, reader: Callable[..., Any], *args: Any) -> Any:
     """`reader(source of cls.forward, *args)`, once per class: None when the source cannot be read
     or parsed (compiled bytecode only): what it would say is then unknown, never guessed."""
     try:
@@ -390,7 +337,7 @@ def _read_source(cls: Any, reader: Any, *args: Any) -> Any:
         return None
 
 
-_from_source: Callable[..., Any] = functools.cache(_read_source)  # once per class
+_from_source: Callable[..., Any] = functools.cache(_read_source)
 
 
 def split_layer_reason(forward_source: str, owner: str) -> str | None:
@@ -425,10 +372,8 @@ def split_layer_reason(forward_source: str, owner: str) -> str | None:
 
 def discards_residual(forward_source: str) -> bool:
     """Whether a decoder layer's forward overwrites its `residual` argument before it reads it
-    (Cohere2-MoE, MuseGlimmer: `residual = hidden_states` first, norms that pass `residual` through,
-    and `(stream, previous stream)` returned): the stream it receives is then `hidden_states` alone,
-    not `hidden_states + residual`. Only an unconditional first assignment counts; any earlier read
-    (`if residual is None: ...`) keeps the usual pair form."""
+    (Cohere2-MoE, MuseGlimmer): the stream it receives is then `hidden_states` alone. Only an
+    unconditional first assignment counts; an earlier read (`if residual is None`) does not."""
     tree = ast.parse(textwrap.dedent(forward_source))
     function = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
     if function is None or "residual" not in [a.arg for a in function.args.args]:
@@ -451,8 +396,7 @@ def discards_residual(forward_source: str) -> bool:
 
 
 def _discards(layer: Any) -> bool | None:
-    """`discards_residual` of the layer's class; None when its source cannot be read or parsed:
-    a `(hidden_states, residual)` pair is then of unknown meaning, never guessed."""
+    """`discards_residual` of the layer's class; None: unknown (no source), never guessed."""
     found: bool | None = _from_source(type(layer), discards_residual)
     return found
 
