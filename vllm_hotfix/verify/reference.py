@@ -1,21 +1,13 @@
 """Per id: the captured state against what the model's layer actually received (taps.py), judged.
 
-Each rank records per forward, per requested id, what its tap saw (`tap_prints`: calls since the
-last record, rows, and the fingerprints of the layer's `hidden_states` and `residual`) and why the
-id cannot be compared (`notes`), if so. The command then judges every rank's states of that
-forward the same way:
-
-- the layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ by
-  more than the tolerance (a replicated tensor is bit-identical on the ranks of a correct group;
-  a row-parallel partial left for the next norm's fused all-reduce is not). The stream's
-  fingerprint is then the sum of the ranks' (the projection is linear), plus the residual's;
-  otherwise the rank's own two fingerprints summed;
-- the id is `ok` when every rank's captured fingerprint is within the tolerance of that stream
-  (per token: |difference| over the larger of the captured state's true row norm and the
-  stream's fingerprint norm, rel_prints), `FAIL` with the largest relative difference
-  otherwise, and `n/a` with the reason when there is nothing to compare with;
-- under sequence-parallel MoE each rank's tap holds its shard of the rows (`_shard_rows`): each
-  token is compared with the row of the rank that holds it.
+Each rank records, per forward and requested id, what its tap saw (`tap_prints`) and why the id
+cannot be compared (`notes`). The command judges every rank's states of a forward alike: the
+layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ beyond the
+tolerance (a row-parallel partial left for the next norm's fused all-reduce), and the stream is
+then the ranks' sum (the projection is linear) plus the residual. The id is `ok` when every rank's
+captured fingerprint is within the tolerance of that stream (rel_prints), `FAIL` with the largest
+difference otherwise, `n/a` with why when there is nothing to compare. Under sequence-parallel MoE
+each token is compared with the shard row that holds it (`_shard_rows`).
 """
 
 from __future__ import annotations
