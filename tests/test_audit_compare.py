@@ -207,3 +207,16 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
         assert [r["measured"] for r in rows] == statuses
     else:
         assert [r["status"] for r in rows] == statuses
+
+
+def test_a_file_never_recomputed_says_whether_the_run_ended_early(tmp_path: Path) -> None:
+    """vLLM failing at start-up leaves every file without a result: its why must say so, not
+    blame the file."""
+    from vllm_hotfix.verify.outcome import Outcome
+
+    audit = _audit_of(tmp_path, ["ok"])
+    (Path(audit.out) / "0.json").unlink()
+    failed = Outcome("UNKNOWN", 3, "vLLM failed", [], 0, error="vLLM failed while starting vLLM: ...")
+    assert "the run ended before its prompt ran" in audit.results(failed)[0]["why"]
+    finished = Outcome("PASS", 0, "all checked", [], 0)
+    assert "no forward of the engine carried its tokens whole" in audit.results(finished)[0]["why"]

@@ -177,8 +177,12 @@ class Audit(verify_command._Run):
                 try:
                     with open(os.path.join(self.out, f"{index}.json"), encoding="utf-8") as handle:
                         row.update(json.load(handle))
-                except (OSError, ValueError):
-                    row["why"] = "not recomputed: no forward of the engine carried its tokens whole"
+                except (OSError, ValueError):  # never recomputed: the run ended early, or no forward fit
+                    row["why"] = "not recomputed: " + (
+                        "the run ended before its prompt ran (see the verdict)"
+                        if judged.error
+                        else "no forward of the engine carried its tokens whole"
+                    )
             if row["status"] != "n/a" and not proven:
                 row["measured"], row["status"] = row["status"], "n/a"
                 row["why"] = f"the reference is unproven: the pre-flight check says {judged.verdict}"
