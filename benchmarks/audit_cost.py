@@ -51,13 +51,14 @@ def _started(log: str) -> float:
 BASELINE = """
 import time
 began = time.monotonic()
-import dataclasses, os, sys
+import os, sys
 from pathlib import Path
 from vllm_hotfix.audit import command as audit, files
+from vllm_hotfix import own_engine
 from vllm_hotfix.verify import command
 data, model, ids, flags = sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4:]
 prompts = [{"prompt_token_ids": files.token_ids(files.read_header(p))} for p in files.discover(Path(data))]
-engine = command.engine_args_from(command.parse_engine_args(model, flags), flags)
+engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
 computed = audit.engine_ids(ids, int(config.hf_text_config.num_hidden_layers))  # as the audit asks
 engine.speculative_config = {
@@ -68,8 +69,8 @@ engine.speculative_config = {
 engine.enable_prefix_caching = False
 engine.enable_chunked_prefill = False
 command.no_cuda_graphs(engine)
-from vllm import LLM, SamplingParams
-llm = LLM(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine) if f.init})
+from vllm import SamplingParams
+llm = own_engine.start(engine)
 print(f"vLLM started in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 prefill = SamplingParams(max_tokens=1, temperature=0.0)
 for start in range(0, len(prompts), audit.PROMPTS_PER_CALL):

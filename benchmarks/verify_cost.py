@@ -32,9 +32,10 @@ LENGTHS, BATCHES = [16, 64, 256, 480], [1, 4]  # the command's default shape, in
 
 BASELINE = """
 import sys
+from vllm_hotfix import own_engine
 from vllm_hotfix.verify import command
 model, flags = sys.argv[1], sys.argv[2:]
-engine = command.engine_args_from(command.parse_engine_args(model, flags), flags)
+engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
 lengths, batches = [16, 64, 256, 480], [1, 4]  # LENGTHS, BATCHES
 plan = command.Plan(model, flags, "baseline", "", lengths, batches)
@@ -45,9 +46,8 @@ engine.speculative_config = {
     "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
 }
 command.no_cuda_graphs(engine)
-import dataclasses
-from vllm import LLM, SamplingParams
-llm = LLM(**{f.name: getattr(engine, f.name) for f in dataclasses.fields(engine) if f.init})
+from vllm import SamplingParams
+llm = own_engine.start(engine)
 max_len = int(llm.llm_engine.model_config.max_model_len)
 plan.lengths = [n for n in plan.lengths if n + command.DECODE <= max_len]
 command.run_workload(llm, plan, llm.llm_engine.model_config.get_vocab_size(), SamplingParams)

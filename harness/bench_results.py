@@ -52,6 +52,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/v32_tp_cost.py",
     ),
     "verify_cost": (
+        "vllm_hotfix/own_engine.py",
         "vllm_hotfix/verify/checks.py",
         "vllm_hotfix/verify/command.py",
         "vllm_hotfix/verify/hook.py",
@@ -61,6 +62,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/verify_cost.py",
     ),
     "audit_cost": (
+        "vllm_hotfix/own_engine.py",
         "vllm_hotfix/audit/command.py",
         "vllm_hotfix/audit/compare.py",
         "vllm_hotfix/audit/files.py",

@@ -154,7 +154,7 @@ def test_a_missing_path_is_a_usage_error_before_vllm(argv: list[str], said: str)
 
 
 def test_a_hugging_face_id_is_left_to_vllm() -> None:
-    from vllm_hotfix.verify.command import model_path_problem
+    from vllm_hotfix.own_engine import model_path_problem
 
     assert model_path_problem("deepseek-ai/DeepSeek-V3") is None
     assert model_path_problem("/no/such/dir") == "MODEL /no/such/dir: no such checkpoint directory"

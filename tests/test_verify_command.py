@@ -22,7 +22,7 @@ import pytest
 
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
-from vllm_hotfix import cli, report
+from vllm_hotfix import cli, own_engine, report
 from vllm_hotfix.cli_output import Parser
 from vllm_hotfix.verify import command, outcome
 from vllm_hotfix.verify.outcome import World, judge
@@ -377,11 +377,11 @@ def _end_early(monkeypatch: pytest.MonkeyPatch, argv: list[str], stop: BaseExcep
     def exit_(code: int) -> None:
         raise _Ended(code)
 
-    monkeypatch.setattr(command, "parse_engine_args", parse_engine_args)
+    monkeypatch.setattr(own_engine, "parse_engine_args", parse_engine_args)
     monkeypatch.setattr(command.os, "_exit", exit_)
-    monkeypatch.setattr(command._Run, "stop_engine", lambda self, forced: None)
+    monkeypatch.setattr(own_engine, "stop", lambda llm, forced: None)
     out = io.StringIO()
-    runner = command._Run(cli.parse(["verify", "M", *argv]), out)
+    runner = command.Run(cli.parse(["verify", "M", *argv]), out)
     with pytest.raises(_Ended) as ended:
         command.run_with(runner)
     assert runner.plan is not None
@@ -426,9 +426,9 @@ def test_an_unwritable_report_directory_is_refused_before_vllm(
     """Exit 4, one JSON document under --json, before vLLM's parser (stood in to fail the test)."""
     blocked = tmp_path / "a-file"
     blocked.write_text("x")
-    monkeypatch.setattr(command, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
+    monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     monkeypatch.setattr(Parser, "json_requested", False)  # put back after cli.parse sets it
-    runner = command._Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
+    runner = command.Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
     with pytest.raises(SystemExit) as stop:
         command.run_with(runner)  # type: ignore[arg-type]
     found = json.loads(capsys.readouterr().out)
@@ -444,5 +444,5 @@ def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:
 
 
 def test_the_timeout_has_a_default_that_can_be_changed() -> None:
-    assert cli.parse(["verify", "M"]).timeout == command.DEFAULT_TIMEOUT > 0
+    assert cli.parse(["verify", "M"]).timeout == own_engine.DEFAULT_TIMEOUT > 0
     assert cli.parse(["verify", "M", "--timeout", "60"]).timeout == 60

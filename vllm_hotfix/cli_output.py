@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from vllm_hotfix import exit_codes
@@ -47,3 +48,32 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         exit_usage(self.prog, message, Parser.json_requested, self.format_usage().strip())
+
+
+def numbers(what: str, least: int) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of whole numbers >= least (else a usage error)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be whole numbers, e.g. 1,4") from None
+        if not values or min(values) < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
+        return values
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds > 0")
+    return value
+
+
+aux_ids = numbers("aux layer ids", 0)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_hotfix import exit_codes
+from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit.worker import MANIFEST_VAR
-from vllm_hotfix.cli_output import Parser, exit_usage
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, seconds
 from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
 
@@ -33,10 +33,6 @@ SCHEMA = 1
 DEFAULT_SAMPLE = 32
 PROMPTS_PER_CALL = 64  # files' tokens the command holds at once: one generate call's prompts
 TOLERANCES = (2e-2, 1e-4)  # 16-bit, float32: the check's (verify/checks.py)
-
-
-class UsageError(Exception):
-    """A path, an id list or a sample size that cannot work: exit 4 before vLLM is imported."""
 
 
 @dataclass
@@ -67,7 +63,7 @@ def choose(data: str, model: str, ids: list[int], sample: int | None, seed: int)
     root = Path(data)
     if not root.is_dir():
         raise UsageError(f"DATA {data}: no such directory")
-    problem = verify_command.model_path_problem(model)
+    problem = own_engine.model_path_problem(model)
     if problem:
         raise UsageError(problem)
     paths = files_mod.discover(root)
@@ -100,7 +96,7 @@ def engine_ids(ids: list[int], layers: int) -> list[int]:
     return sorted(wanted | set(ids))
 
 
-class Audit(verify_command._Run):
+class Audit(verify_command.Run):
     """The check's run, with the files' tokens as its workload and their judgement as its output."""
 
     def __init__(self, args: argparse.Namespace, stdout: Any, chosen: Chosen) -> None:
@@ -130,7 +126,7 @@ class Audit(verify_command._Run):
     def adjust_engine(self, engine: Any, config: Any) -> None:
         assert self.plan is not None
         if self.plan.ids is None:
-            raise verify_command.CommandError(
+            raise own_engine.CommandError(
                 "the audit runs extract_hidden_states with --ids itself: leave --speculative-config out"
             )
         layers = int(config.hf_text_config.num_hidden_layers)
@@ -254,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as error:
         exit_usage("vllm-hotfix audit", str(error), Parser.json_requested)
     args.engine_args = list(args.engine_args)
-    return verify_command.run_with(Audit(args, verify_command._keep_stdout(), chosen))
+    return verify_command.run_with(Audit(args, own_engine.keep_stdout(), chosen))
 
 
 def add_parser(commands: Any) -> None:
@@ -277,7 +273,7 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("model", help="the checkpoint that made the data (a directory or a Hugging Face id)")
     audit.add_argument(
         "--ids",
-        type=verify_command._ids,
+        type=aux_ids,
         required=True,
         help="the aux layer ids the data was made with, in the files' order, e.g. 2,30,58,61",
     )
@@ -290,8 +286,8 @@ def add_parser(commands: Any) -> None:
     audit.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
     audit.add_argument(
         "--timeout",
-        type=verify_command._seconds,
-        default=verify_command.DEFAULT_TIMEOUT,
+        type=seconds,
+        default=own_engine.DEFAULT_TIMEOUT,
         help="seconds for the whole run; then exit 3, the engine shut down",
     )
     audit.add_argument("--debug", action="store_true", help="print tracebacks of errors")

@@ -3,7 +3,7 @@
 Wrong aux states are silent: a draft or a training set built from them is simply worse. The command
 starts vLLM with the user's flags, hooks only the model and checks every forward of a workload:
 
-- `command.py`: the command (its plan, the engine, the workload, the output);
+- `command.py`: the command (its plan, its run on own_engine.py, the workload, the output);
 - `settings.py`: the switches the command sets for its engine, read without torch;
 - `hook.py`: in each engine process, the hooks on the model class the engine builds;
 - `taps.py`: what each decoder layer received (module hooks, one custom op);

@@ -18,19 +18,18 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
-from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import Parser, UsageError
+from vllm_hotfix import exit_codes, own_engine
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, numbers, seconds
+from vllm_hotfix.own_engine import CommandError, one_line, writable
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
@@ -40,7 +39,6 @@ DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel pat
 DEFAULT_BATCHES = (1, 4)
 SCHEMA = 2  # "schema" in the --json document; raised when a key changes meaning or goes (2: no window)
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
-DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
     " in +-1e-3, the same values for every parameter of the same size and dtype), not the"
@@ -50,10 +48,6 @@ DUMMY_CAVEAT = (
     " the residual stream) can stay inside the tolerance, and the final id is compared with a norm"
     " whose weights are not the model's. Run it again on the checkpoint before trusting a PASS."
 )
-
-
-class CommandError(Exception):
-    """vLLM refused the engine arguments, or the run could not go on: exit 3, in one line."""
 
 
 def check_ids(ids: list[int], layers: int) -> None:
@@ -71,54 +65,8 @@ def default_ids(layers: int) -> list[int]:
     return [*sorted(eagle3), layers]
 
 
-def _numbers(what: str, least: int) -> Callable[[str], list[int]]:
-    """An argparse type: a comma-separated list of whole numbers >= least (else a usage error)."""
-
-    def parse(text: str) -> list[int]:
-        try:
-            values = [int(part) for part in text.split(",")]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be whole numbers, e.g. 1,4") from None
-        if not values or min(values) < least:
-            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be >= {least}")
-        return values
-
-    return parse
-
-
-_ids = _numbers("aux layer ids", 0)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds") from None
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds > 0")
-    return value
-
-
-def _plugin_reachable() -> bool:
-    from importlib.metadata import entry_points
-
-    from vllm_hotfix import site_hook
-
-    names = {entry.value for entry in entry_points(group="vllm.general_plugins")}
-    allowed = os.environ.get("VLLM_PLUGINS")
-    plugin = "vllm_hotfix.plugin:register" in names and (
-        allowed is None or "vllm_hotfix" in allowed.split(",")
-    )
-    return plugin or site_hook.installed_path() is not None
-
-
 def _say(text: str) -> None:
     print(f"vllm-hotfix verify: {text}", file=sys.stderr, flush=True)
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _figure(value: Any) -> str:
@@ -198,41 +146,7 @@ class Plan:
         return [DUMMY_CAVEAT] if self.load_format == "dummy" else []
 
 
-def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
-    """`vllm serve`'s own flags, parsed by the installed vLLM's parser; CommandError when it refuses
-    them (its message, without argparse's exit)."""
-    from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
-
-    if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
-        raise CommandError("give the model as MODEL, not as --model in the engine arguments")
-
-    class Parser(FlexibleArgumentParser):  # type: ignore[misc]  # vLLM's class: Any here
-        def error(self, message: str) -> Any:
-            raise CommandError(f"vLLM refused the engine arguments {engine_args}: {message}")
-
-    parser = EngineArgs.add_cli_args(Parser(prog="vllm-hotfix verify --"))
-    try:
-        namespace = parser.parse_args(["--model", model, *engine_args])
-    except SystemExit as stop:  # e.g. --help, or a parser that exits by itself
-        raise CommandError(f"vLLM's argument parser stopped (exit {stop.code}) on {engine_args}") from None
-    return cast(argparse.Namespace, namespace)
-
-
-def _vllm_checks(given: list[str], make: Callable[[], Any]) -> Any:
-    """`make()`, where vLLM checks the engine arguments' values (a tokenizer, a config): exit 3."""
-    try:
-        return make()
-    except Exception as error:
-        raise CommandError(f"vLLM refused the engine arguments {given}: {_one_line(error)}") from error
-
-
-def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-
-    return _vllm_checks(given, lambda: EngineArgs.from_cli_args(namespace))
-
-
-class _Run:
+class Run:
     """One run: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
 
     def __init__(self, args: argparse.Namespace, stdout: TextIO) -> None:
@@ -252,7 +166,7 @@ class _Run:
         Called once (the watchdog may race the main thread)."""
         if not self.lock.acquire(blocking=False):
             time.sleep(3600)  # the other thread is ending the process
-        self.stop_engine(forced=timed_out or self.llm is None)
+        own_engine.stop(self.llm, forced=timed_out or self.llm is None)
         plan = self.plan
         reports: list[dict[str, Any]] = []
         ignored = 0
@@ -260,7 +174,7 @@ class _Run:
             try:
                 reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
             except Exception as failed:  # e.g. no torch: the command's own failure
-                error = error or f"the reports could not be combined: {_one_line(failed)}"
+                error = error or f"the reports could not be combined: {one_line(failed)}"
         world = plan.world if plan is not None else outcome_mod.World()
         judged = outcome_mod.judge(reports, plan.run_id if plan else "", world, error, ignored)
         document = self.document(judged, timed_out)
@@ -276,30 +190,6 @@ class _Run:
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
         os._exit(code)  # vLLM's engine processes may hold the interpreter's exit
-
-    def stop_engine(self, forced: bool) -> None:
-        """vLLM's own shutdown (bounded), then any child process still running is killed: an
-        engine that timed out, or failed while starting, must not outlive the command."""
-        if self.llm is not None:
-            done = threading.Thread(target=self._shutdown, daemon=True)
-            done.start()
-            done.join(30)
-        with contextlib.suppress(Exception):
-            import psutil  # a dependency of vLLM's, not of vllm-hotfix: the command runs beside vLLM
-
-            children = psutil.Process().children(recursive=True)
-            for child in children:
-                with contextlib.suppress(Exception):
-                    child.send_signal(signal.SIGTERM if not forced else signal.SIGKILL)
-            # after vLLM's own shutdown what is left is mostly multiprocessing's resource tracker,
-            # which ignores SIGTERM: waiting 10 s on it was a tenth of a tiny model's whole check
-            for child in psutil.wait_procs(children, timeout=2)[1]:
-                with contextlib.suppress(Exception):
-                    child.kill()
-
-    def _shutdown(self) -> None:
-        with contextlib.suppress(Exception):
-            self.llm.llm_engine.engine_core.shutdown()
 
     def expire(self) -> None:
         limit = self.args.timeout
@@ -383,7 +273,7 @@ class _Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = model_path_problem(args.model)
+        problem = own_engine.model_path_problem(args.model)
         if problem:
             raise UsageError(problem)
         if importlib.util.find_spec("vllm") is None:
@@ -406,16 +296,16 @@ class _Run:
         self.before_vllm(plan)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
-        namespace = parse_engine_args(args.model, plan.engine_args)
+        namespace = own_engine.parse_engine_args(args.model, plan.engine_args)
         sizes = (
             int(getattr(namespace, f"{name}_parallel_size", 1) or 1)
             for name in ("tensor", "pipeline", "data")
         )
         plan.world = outcome_mod.World(*sizes)
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
-        engine = engine_args_from(namespace, plan.engine_args)
+        engine = own_engine.engine_args_from(namespace, plan.engine_args)
         self.phase = "reading the model's config"
-        config = _vllm_checks(plan.engine_args, engine.create_model_config)
+        config = own_engine.vllm_checks(plan.engine_args, engine.create_model_config)
         own = engine.speculative_config
         if own:
             if args.ids:
@@ -450,7 +340,7 @@ class _Run:
     def main(self) -> None:
         args = self.args
         plan = self.prepare()
-        if not _plugin_reachable():
+        if not own_engine.plugin_reachable():
             _say(
                 "WARNING: vLLM's worker processes will not load vllm-hotfix (no `vllm.general_plugins`"
                 " entry point of vllm_hotfix, or VLLM_PLUGINS filters it out, and no site hook): the"
@@ -465,11 +355,10 @@ class _Run:
             f" {plan.model_class}; run {plan.run_id}); vLLM's own log follows. Records: {plan.report_dir}"
         )
         self.phase = "starting vLLM"
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
 
-        options = {f.name: getattr(self.engine, f.name) for f in dataclasses.fields(self.engine) if f.init}
         try:
-            self.llm = LLM(**options)
+            self.llm = own_engine.start(self.engine)
             plan.compilation = runtime.compilation(self.llm.llm_engine.vllm_config)
             model_config = self.llm.llm_engine.model_config
             vocab, max_len = model_config.get_vocab_size(), int(model_config.max_model_len)
@@ -486,7 +375,7 @@ class _Run:
         except Exception as error:  # vLLM's own error: exit 3, with whatever the check saw
             if args.debug:
                 traceback.print_exc()
-            self.finish(f"vLLM failed while {self.phase}: {_one_line(error)}")
+            self.finish(f"vLLM failed while {self.phase}: {one_line(error)}")
         self.phase = "reading the reports"
         self.finish()
 
@@ -531,25 +420,6 @@ def model_class(config: Any) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def model_path_problem(model: str) -> str | None:
-    """Why MODEL cannot be a checkpoint where it names a path (absolute, ./, ../, ~, more than one
-    slash, an existing file), before vLLM is imported; a Hugging Face id (org/name) is vLLM's."""
-    path = os.path.expanduser(model)
-    if model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or os.path.exists(path):
-        if not os.path.isdir(path):
-            return f"MODEL {model}: no such checkpoint directory"
-    return None
-
-
-def writable(directory: str) -> None:
-    """UsageError unless `directory` can be made and written (before the engine starts)."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        tempfile.TemporaryFile(dir=directory).close()
-    except OSError as error:
-        raise UsageError(f"--report-dir {directory}: not writable ({error.strerror or error})") from None
-
-
 def no_cuda_graphs(engine: Any) -> None:
     """CUDA graphs off through vLLM's public compilation config, where the release has it: every
     forward runs the compiled code, taps included (--enforce-eager compiles nothing)."""
@@ -589,19 +459,11 @@ def keyed_compile_cache() -> None:
     os.environ["VLLM_CACHE_ROOT"] = os.path.join(root, CHECKED_CACHES, digest.hexdigest()[:12])
 
 
-def _keep_stdout() -> TextIO:
-    """The real stdout, for the verdict alone; fd 1 (vLLM's log, its child processes) goes to stderr."""
-    sys.stdout.flush()
-    kept = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    return kept
-
-
 def run(args: argparse.Namespace) -> int:
-    return run_with(_Run(args, _keep_stdout()))
+    return run_with(Run(args, own_engine.keep_stdout()))
 
 
-def run_with(runner: _Run) -> int:
+def run_with(runner: Run) -> int:
     """Every end, Ctrl-C too, goes through finish (the verdict, the engine stopped, the temporary
     directory removed)."""
     args = runner.args
@@ -621,7 +483,7 @@ def run_with(runner: _Run) -> int:
     except Exception as error:  # the command's own failure: one line, exit 3
         if args.debug:
             traceback.print_exc()
-        runner.finish(f"the command failed while {runner.phase}: {_one_line(error)}")
+        runner.finish(f"the command failed while {runner.phase}: {one_line(error)}")
     finally:
         watchdog.cancel()  # reached only where finish did not exit (a stood-in os._exit)
     return exit_codes.ERROR  # not reached: finish exits
@@ -662,28 +524,28 @@ def add_parser(commands: Any) -> None:
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
     verify.add_argument(
         "--ids",
-        type=_ids,
+        type=aux_ids,
         help="aux layer ids for extract_hidden_states, 0 to L (the model's layers), e.g. 2,30,58,61"
         " (default: the EAGLE3 convention 2,L//2,L-3 plus the final layer L); not with your own"
         " --speculative-config",
     )
     verify.add_argument(
         "--prompt-lengths",
-        type=_numbers("prompt lengths", 1),
+        type=numbers("prompt lengths", 1),
         help="prompt lengths in tokens, e.g. 16,64,512,2048 (the default; those over max_model_len are"
         " left out and named)",
     )
     verify.add_argument(
         "--batch-sizes",
-        type=_numbers("batch sizes", 1),
+        type=numbers("batch sizes", 1),
         help="prompts per generate call, each length in each (default 1,4)",
     )
     verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
     verify.add_argument(
         "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT,
-        help=f"seconds for the whole run; then exit 3, the engine shut down (default {DEFAULT_TIMEOUT:g})",
+        type=seconds,
+        default=own_engine.DEFAULT_TIMEOUT,
+        help="seconds for the whole run; then exit 3, the engine shut down (default %(default)g)",
     )
     verify.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     verify.add_argument(
