@@ -24,16 +24,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.bench_results import Recorder, Row, ratio_text, summary
+from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
 
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
 IDS = "1,2,4"
@@ -136,16 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     recorder = Recorder("audit_cost", f"bash scripts/bench.sh audit_cost --rounds {args.rounds}")
-    from harness.child.tiny_checkpoint import build
-    from harness.testenv import FIXED, TestEnv, child_result
-    from harness.ways_in import install_plugin
+    from harness.testenv import FIXED, child_result
 
-    testenv = TestEnv.locate()
-    work = Path(tempfile.mkdtemp(prefix="audit-cost-"))
-    plugin = install_plugin(testenv, work / "plugin")
-    checkpoint = str(work / "tiny")
-    build(checkpoint)
-    extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    engine = TinyEngine.build("audit-cost-")
+    testenv, work, plugin, checkpoint, extra = (
+        engine.testenv,
+        engine.work,
+        engine.plugin,
+        engine.checkpoint,
+        engine.env,
+    )
 
     large = work / "data-large"  # 4 x FILES files; the first FILES of them are the timed dataset
     made = [testenv.script("aux_dataset"), "--checkpoint", checkpoint, "--ids", IDS, "--out", str(large)]
@@ -250,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             f" (plain {memory['plain_large_gib']:.2f})",
         ),
     ]
-    recorder.write(rows, figures, {"vllm": testenv_version(testenv)})
+    recorder.write(rows, figures, {"vllm": engine.vllm_version()})
     return 0
 
 
@@ -258,15 +256,6 @@ def _tokens(data: Path) -> int:
     from vllm_hotfix.audit import files
 
     return sum(files.read_header(path).tokens for path in files.discover(data))
-
-
-def testenv_version(testenv: object) -> str:
-    done = subprocess.run(
-        [testenv.python_for("0.24.0"), "-c", "import vllm; print(vllm.__version__)"],  # type: ignore[attr-defined]
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip()
 
 
 if __name__ == "__main__":

@@ -17,15 +17,13 @@ checkpoint's 512 positions (lengths 16, 64, 256, 480 in batches of 1 and 4).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.bench_results import Recorder, Row, ratio_text, summary
+from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
 
 FLAGS = ["--max-model-len", "512"]  # the tiny checkpoint's max_position_embeddings
 LENGTHS, BATCHES = [16, 64, 256, 480], [1, 4]  # the command's default shape, inside 512 tokens
@@ -67,16 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {args.rounds}")
-    from harness.child.tiny_checkpoint import build
-    from harness.testenv import TestEnv
-    from harness.ways_in import install_plugin
 
-    testenv = TestEnv.locate()
-    work = Path(tempfile.mkdtemp(prefix="verify-cost-"))
-    plugin = install_plugin(testenv, work / "plugin")
-    checkpoint = str(work / "tiny")
-    build(checkpoint)
-    extra = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    engine = TinyEngine.build("verify-cost-")
+    testenv, work, plugin, checkpoint, extra = (
+        engine.testenv,
+        engine.work,
+        engine.plugin,
+        engine.checkpoint,
+        engine.env,
+    )
     sizes: list[tuple[int, int]] = []  # (bytes, forwards) of each checked run's records
 
     def checked(index: int) -> float:
@@ -133,17 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{per_step[-1]:.0f} bytes per recorded forward ({sizes[-1][1]} forwards)",
         ),
     ]
-    recorder.write(rows, figures, {"vllm": testenv_version(testenv)})
+    recorder.write(rows, figures, {"vllm": engine.vllm_version()})
     return 0
-
-
-def testenv_version(testenv: object) -> str:
-    done = subprocess.run(
-        [testenv.python_for("0.24.0"), "-c", "import vllm; print(vllm.__version__)"],  # type: ignore[attr-defined]
-        capture_output=True,
-        text=True,
-    )
-    return done.stdout.strip()
 
 
 if __name__ == "__main__":

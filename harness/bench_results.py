@@ -15,9 +15,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.child.cpu_kernels import cpu_model, simd
 
@@ -186,3 +188,37 @@ class Recorder:
         path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"results written to {path}; README table: python scripts/update_bench_table.py")
         return path
+
+
+@dataclass
+class TinyEngine:
+    """What a benchmark of a command on the real engine starts from: the test environment, a work
+    directory, the hotfix installed as vLLM's plugin, the tiny checkpoint, and the environment of
+    each run (its own compile cache, a small KV cache)."""
+
+    testenv: Any
+    work: Path
+    plugin: str
+    checkpoint: str
+    env: dict[str, str]
+
+    @classmethod
+    def build(cls, prefix: str) -> TinyEngine:
+        from harness.child.tiny_checkpoint import build
+        from harness.testenv import TestEnv
+        from harness.ways_in import install_plugin
+
+        testenv = TestEnv.locate()
+        work = Path(tempfile.mkdtemp(prefix=prefix))
+        plugin = install_plugin(testenv, work / "plugin")
+        build(str(work / "tiny"))
+        env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
+        return cls(testenv, work, plugin, str(work / "tiny"), env)
+
+    def vllm_version(self) -> str:
+        """The version of the test environment's vLLM the runs used."""
+        python = self.testenv.python_for("0.24.0")
+        done = subprocess.run(
+            [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
+        )
+        return done.stdout.strip()
