@@ -19,7 +19,6 @@ DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, float32; the dataset ma
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness import bench_results
 from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
 
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
@@ -126,24 +126,12 @@ class PeakRss:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="alternating pairs after the warm-up (default 2)"
-    )
-    args = parser.parse_args(argv)
-    recorder = Recorder("audit_cost", f"bash scripts/bench.sh audit_cost --rounds {args.rounds}")
+    rounds = bench_results.rounds(argv, __doc__)
+    recorder = Recorder("audit_cost", f"bash scripts/bench.sh audit_cost --rounds {rounds}")
     from harness.testenv import FIXED, child_result
 
     engine = TinyEngine.build("audit-cost-")
-    testenv, work, plugin, checkpoint, extra = (
-        engine.testenv,
-        engine.work,
-        engine.plugin,
-        engine.checkpoint,
-        engine.env,
-    )
+    testenv, work, plugin, checkpoint, extra = engine.parts()
 
     large = work / "data-large"  # 4 x FILES files; the first FILES of them are the timed dataset
     made = [testenv.script("aux_dataset"), "--checkpoint", checkpoint, "--ids", IDS, "--out", str(large)]
@@ -183,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {"audit": [], "plain": []}
     starts: dict[str, list[float]] = {"audit": [], "plain": []}  # to the engine up: where time goes
     peaks: dict[str, list[int]] = {"audit": [], "plain": []}
-    for i in range(1, args.rounds + 1):
+    for i in range(1, rounds + 1):
         pairs = [("audit", audited), ("plain", baseline)]
         for label, function in pairs if i % 2 else pairs[::-1]:
             seconds, started, peak = function(i)
@@ -195,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" peak RSS {peak / 2**30:.2f} GiB",
                 flush=True,
             )
-    large_audit, large_plain = audited(args.rounds + 1, large), baseline(args.rounds + 1, large)
+    large_audit, large_plain = audited(rounds + 1, large), baseline(rounds + 1, large)
     ratios = [a / p for a, p in zip(times["audit"], times["plain"], strict=True)]
     stats = summary(ratios)
     after = {k: [t - s for t, s in zip(times[k], starts[k], strict=True)] for k in times}

@@ -16,13 +16,13 @@ checkpoint's 512 positions (lengths 16, 64, 256, 480 in batches of 1 and 4).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness import bench_results
 from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
 
 FLAGS = ["--max-model-len", "512"]  # the tiny checkpoint's max_position_embeddings
@@ -57,23 +57,11 @@ os._exit(0)  # as the command ends: vLLM's engine processes may hold the interpr
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=2, help="alternating pairs after the warm-up (default 2)"
-    )
-    args = parser.parse_args(argv)
-    recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {args.rounds}")
+    rounds = bench_results.rounds(argv, __doc__)
+    recorder = Recorder("verify_cost", f"bash scripts/bench.sh verify_cost --rounds {rounds}")
 
     engine = TinyEngine.build("verify-cost-")
-    testenv, work, plugin, checkpoint, extra = (
-        engine.testenv,
-        engine.work,
-        engine.plugin,
-        engine.checkpoint,
-        engine.env,
-    )
+    testenv, work, plugin, checkpoint, extra = engine.parts()
     sizes: list[tuple[int, int]] = []  # (bytes, forwards) of each checked run's records
 
     def checked(index: int) -> float:
@@ -99,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checked(0), baseline(0)  # warm-up: both compile caches filled
     times: dict[str, list[float]] = {"checked": [], "own": []}
-    for i in range(1, args.rounds + 1):
+    for i in range(1, rounds + 1):
         pairs = [("checked", checked), ("own", baseline)]
         for label, function in pairs if i % 2 else pairs[::-1]:
             times[label].append(function(i))

@@ -215,6 +215,10 @@ class TinyEngine:
         env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
         return cls(testenv, work, plugin, str(work / "tiny"), env)
 
+    def parts(self) -> tuple[Any, Path, str, str, dict[str, str]]:
+        """(test environment, work directory, plugin, checkpoint, environment of each run)."""
+        return self.testenv, self.work, self.plugin, self.checkpoint, self.env
+
     def vllm_version(self) -> str:
         """The version of the test environment's vLLM the runs used."""
         python = self.testenv.python_for("0.24.0")
@@ -222,3 +226,16 @@ class TinyEngine:
             [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
         )
         return done.stdout.strip()
+
+
+def rounds(argv: list[str] | None, description: str | None) -> int:
+    """The paired benchmarks' one option: alternating pairs after the warm-up."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="alternating pairs after the warm-up (default 2)"
+    )
+    return int(parser.parse_args(argv).rounds)
