@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.testenv import TestEnv, outside_checkout, site
@@ -29,6 +29,7 @@ from harness.testenv import TestEnv, outside_checkout, site
 SPECULATORS = "speculators==0.9.0"  # pinned: a new release on PyPI must not change what the tests run
 PYPI = "https://pypi.org/simple/speculators/"
 Completed = subprocess.CompletedProcess[str]
+Show = Callable[[list[str]], None]  # told each command before it runs, as its docs write it
 
 
 class PyPIUnreachable(RuntimeError):
@@ -120,19 +121,29 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def server(
-    testenv: TestEnv, version: str, checkpoint: Path, ids: list[int], work: Path, timeout: float = 600
+    testenv: TestEnv,
+    version: str,
+    checkpoint: Path,
+    ids: list[int],
+    work: Path,
+    timeout: float = 600,
+    show: Show | None = None,
 ) -> Iterator[tuple[str, Path]]:
     """A running `vllm serve` (its endpoint, the staging directory it writes to); its whole
-    process group is killed on exit. Its log is work/server.log."""
+    process group is killed on exit. Its log is work/server.log. `show` is told `vllm serve ...`
+    (run here as the `vllm` command's module, with the CPU additions on PYTHONPATH)."""
     port = _free_port()
     staging = work / "staging"
+    args = serve_args(checkpoint, ids, staging, port)
+    if show:
+        show(["vllm", *args])
     meta = vllm_dist_info(work / "vllm-meta", version)
     paths = (site("cpu_connector"), str(meta))
     env = testenv.environ(version, paths=paths, VLLM_CACHE_ROOT=str(work / "cache"))
     command = [testenv.python_for(version), "-m", "vllm.entrypoints.cli.main"]
     log = (work / "server.log").open("w")
     child = subprocess.Popen(
-        command + serve_args(checkpoint, ids, staging, port),
+        command + args,
         env=env,
         cwd=outside_checkout(),
         stdout=log,
@@ -184,18 +195,24 @@ def make(
     ids: list[int],
     work: Path,
     prompts: int,
+    show: Show | None = None,
 ) -> Path:
-    """The directory generate-offline-data wrote (`hs_<i>.safetensors`, one per prompt)."""
+    """The directory generate-offline-data wrote (`hs_<i>.safetensors`, one per prompt). `show`,
+    if given, is told each of the three commands (`speculators ...`, `vllm serve ...`) before it runs."""
     write_rows(work / "rows.jsonl", prompts)
     prepare = ["prepare-data", "--model", str(checkpoint), "--data", "rows.jsonl", "--output", "prepared"]
-    done = run_client(
-        speculators, [*prepare, "--seq-length", "256", "--num-preprocessing-workers", "1"], work
-    )
+    prepare += ["--seq-length", "256", "--num-preprocessing-workers", "1"]
+    if show:
+        show(["speculators", *prepare])
+    done = run_client(speculators, prepare, work)
     if done.returncode != 0:
         raise RuntimeError(f"speculators prepare-data failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    with server(testenv, version, checkpoint, ids, work) as (endpoint, _):
+    with server(testenv, version, checkpoint, ids, work, show=show) as (endpoint, _):
         generate = ["generate-offline-data", "--endpoint", endpoint, "--preprocessed-data", "prepared"]
-        done = run_client(speculators, [*generate, "--output", "hidden_states", *GENERATE_FLAGS], work)
+        generate += ["--output", "hidden_states", *GENERATE_FLAGS]
+        if show:
+            show(["speculators", *generate])
+        done = run_client(speculators, generate, work)
     if done.returncode != 0:
         log = work / "server.log"
         raise RuntimeError(
