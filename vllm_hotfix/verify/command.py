@@ -383,7 +383,7 @@ class _Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = model_path_problem(args.model)
+        problem = usage_problem(args.model)
         if problem:
             raise UsageError(problem)
         if importlib.util.find_spec("vllm") is None:
@@ -539,6 +539,12 @@ def model_path_problem(model: str) -> str | None:
         if not os.path.isdir(path):
             return f"MODEL {model}: no such checkpoint directory"
     return None
+
+
+def usage_problem(model: str) -> str | None:
+    """What refuses a run before vLLM is imported: MODEL's path, or a bad VLLMHOTFIX_VERIFY_TOKENS,
+    which the engine's workers would otherwise replace by its default without a word."""
+    return model_path_problem(model) or verify_settings.read().problem
 
 
 def writable(directory: str) -> None:
