@@ -133,6 +133,26 @@ def test_a_bad_setting_is_reported_at_import_the_same_way_and_never_raised_there
     assert _import().stderr == ""  # nothing set: nothing read, nothing said
 
 
+def test_a_bad_verify_setting_is_reported_at_import_the_same_way() -> None:
+    done = _import(VLLMHOTFIX_VERIFY_TOKENS="-5")
+    assert done.returncode == 0 and done.stderr == (
+        "vllm-hotfix: settings problem: VLLMHOTFIX_VERIFY_TOKENS='-5' is not valid:"
+        " use a whole number of tokens > 0\n"
+    )
+    assert _import(VLLMHOTFIX_VERIFY_TOKENS="64").stderr == ""
+
+
+def test_the_names_read_at_import_are_the_settings_modules() -> None:
+    """__init__.py keeps copies, so that nothing is imported when none of them is set."""
+    import vllm_hotfix
+    from vllm_hotfix import settings
+    from vllm_hotfix.verify import settings as verify_settings
+
+    assert vllm_hotfix._READ_AT_IMPORT == settings.READ_AT_IMPORT
+    assert set(settings.READ_AT_IMPORT) == {*settings.SWITCHES, verify_settings.TOKENS_VAR}
+    assert vllm_hotfix._OLD_PREFIX == settings.OLD_PREFIX
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
@@ -142,15 +162,34 @@ def test_a_bad_setting_is_reported_at_import_the_same_way_and_never_raised_there
     ],
 )
 def test_a_missing_path_is_a_usage_error_before_vllm(argv: list[str], said: str) -> None:
+    done = _command(*argv)
+    assert done.returncode == exit_codes.USAGE and said in done.stderr and "Traceback" not in done.stderr
+
+
+def _command(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "vllm_hotfix", *argv],
         capture_output=True,
         text=True,
-        env={**base, "PYTHONPATH": str(REPO)},
+        env={**base, "PYTHONPATH": str(REPO), **env},
         cwd=outside_checkout(),
     )
-    assert done.returncode == exit_codes.USAGE and said in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "audit"])
+def test_a_bad_verify_setting_is_a_usage_error_before_vllm(command: str, tmp_path: Path) -> None:
+    """VLLMHOTFIX_VERIFY_TOKENS is read by the check in the engine's workers, which would use the
+    default instead: refused before vLLM is imported, as a bad flag is."""
+    model = tmp_path / "model"
+    model.mkdir()
+    argv = ["verify", str(model)]
+    if command == "audit":  # DATA is read after the settings are
+        (tmp_path / "sample.safetensors").write_bytes(b"")
+        argv = ["audit", str(tmp_path), str(model), "--ids", "1"]
+    done = _command(*argv, VLLMHOTFIX_VERIFY_TOKENS="-5")
+    assert done.returncode == exit_codes.USAGE, done.stderr[-2000:]
+    assert "VLLMHOTFIX_VERIFY_TOKENS='-5' is not valid" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_hugging_face_id_is_left_to_vllm() -> None:

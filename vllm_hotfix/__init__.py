@@ -21,9 +21,9 @@ _TRIGGER = "vllm"
 # the host even when containment.py itself is what is broken (tests/test_containment.py compares them).
 _STRICT_VAR = "VLLMHOTFIX_STRICT"
 _STRICT_WORDS = ("1", "true", "yes", "on", "all")
-# settings.SWITCHES and OLD_PREFIX (tests/test_settings.py compares them): with one of them set, the
-# switches are read at import, so that a bad value is reported at once, the same way everywhere.
-_SWITCHES = ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_STRICT", "VLLMHOTFIX_FORCE")
+# settings.READ_AT_IMPORT and OLD_PREFIX (tests/test_cli.py compares them): with one of them set,
+# the settings are read at import, so that a bad value is reported at once, the same way everywhere.
+_READ_AT_IMPORT = ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_STRICT", "VLLMHOTFIX_FORCE", "VLLMHOTFIX_VERIFY_TOKENS")
 _OLD_PREFIX = "VLLM_HOTFIX_"
 
 
@@ -119,10 +119,10 @@ def _arm() -> None:
 
 
 def _check_settings() -> None:
-    """A switch set: report its problems now (settings.check_at_import); nothing is imported when
+    """A setting set: report its problems now (settings.check_at_import); nothing is imported when
     none is set. Never raises: strict mode raises when the fixes are decided."""
     environ = _os.environ
-    if not any(name in environ for name in _SWITCHES) and not any(
+    if not any(name in environ for name in _READ_AT_IMPORT) and not any(
         name.startswith(_OLD_PREFIX) for name in environ
     ):
         return

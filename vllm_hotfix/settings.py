@@ -20,9 +20,11 @@ OLD_PREFIX = "VLLM_HOTFIX_"
 DISABLE_VAR = "VLLMHOTFIX_DISABLE"
 STRICT_VAR = "VLLMHOTFIX_STRICT"
 FORCE_VAR = "VLLMHOTFIX_FORCE"
-# The switches read_settings() parses: with one of them set (or a name of the old prefix),
-# `import vllm_hotfix` reads them at once (vllm_hotfix/__init__.py keeps a copy of this tuple).
+# The switches read_settings() parses.
 SWITCHES = (DISABLE_VAR, STRICT_VAR, FORCE_VAR)
+# What `import vllm_hotfix` reads when one of them is set: the switches and the check's token bound
+# (verify/settings.py's TOKENS_VAR); vllm_hotfix/__init__.py keeps a copy (tests/test_cli.py).
+READ_AT_IMPORT = (*SWITCHES, "VLLMHOTFIX_VERIFY_TOKENS")
 CACHE_DIR_VAR = "VLLMHOTFIX_CACHE_DIR"
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on", "all"})
@@ -119,8 +121,10 @@ def check_at_import() -> None:
     of the model's module: raised here, vLLM's plugin loader would swallow the error and run vLLM
     unpatched, the opposite of strict."""
     from vllm_hotfix.fixes import FIX_IDS
+    from vllm_hotfix.verify import settings as verify_settings
 
-    for problem in read_settings(FIX_IDS).problems:  # vLLM's log says them again, once, as ERRORs
+    problems = [*read_settings(FIX_IDS).problems, verify_settings.read().problem]
+    for problem in filter(None, problems):  # vLLM's log says the switches' again, once, as ERRORs
         sys.stderr.write(f"vllm-hotfix: settings problem: {problem}\n")
 
 

@@ -63,7 +63,7 @@ def choose(data: str, model: str, ids: list[int], sample: int | None, seed: int)
     root = Path(data)
     if not root.is_dir():
         raise UsageError(f"DATA {data}: no such directory")
-    problem = own_engine.model_path_problem(model)
+    problem = verify_command.usage_problem(model)
     if problem:
         raise UsageError(problem)
     paths = files_mod.discover(root)

@@ -273,7 +273,7 @@ class Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = own_engine.model_path_problem(args.model)
+        problem = usage_problem(args.model)
         if problem:
             raise UsageError(problem)
         if importlib.util.find_spec("vllm") is None:
@@ -418,6 +418,12 @@ def model_class(config: Any) -> str:
 
     cls, _ = get_model_architecture(config)
     return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def usage_problem(model: str) -> str | None:
+    """What refuses a run before vLLM is imported: MODEL's path, or a bad VLLMHOTFIX_VERIFY_TOKENS,
+    which the engine's workers would otherwise replace by its default without a word."""
+    return own_engine.model_path_problem(model) or verify_settings.read().problem
 
 
 def no_cuda_graphs(engine: Any) -> None:
