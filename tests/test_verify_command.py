@@ -62,6 +62,7 @@ def test_a_stale_report_never_counts() -> None:
     # the case this guards: a stale PASS left in --report-dir and an engine that failed at start
     failed = judge([stale], RUN, World(1), error="vLLM failed while starting vLLM: RuntimeError: x")
     assert (failed.verdict, failed.exit_code) == ("UNKNOWN", 3) and failed.reason.startswith("vLLM failed")
+    assert failed.problems == []  # no "0 of the 1 worker process(es) reported" beside vLLM's own error
 
 
 def test_a_missing_rank_is_not_a_pass() -> None:

@@ -252,7 +252,7 @@ def judge(
         return Outcome(FAIL, exit_codes.WRONG, reason, ours, ignored, error=error)
     problems = []
     processes = {(r.get("host"), r.get("pid")) for r in ours}
-    if len(processes) < world.processes:
+    if len(processes) < world.processes and (ours or error is None):  # else vLLM's error says why
         problems.append(
             f"{len(processes)} of the {world.processes} worker process(es) that"
             f" {world.tensor_parallel} tensor x {world.data_parallel} data parallel imply (the last"
