@@ -365,7 +365,8 @@ class Run:
             plan.skipped_lengths = [n for n in plan.lengths if n + DECODE > max_len]
             if plan.skipped_lengths:
                 plan.notes.append(
-                    f"prompt lengths {plan.skipped_lengths} left out: over max_model_len {max_len}"
+                    f"prompt lengths {plan.skipped_lengths} left out: with the {DECODE} tokens each"
+                    f" generates, over max_model_len {max_len}"
                 )
             plan.lengths = [n for n in plan.lengths if n + DECODE <= max_len]
             _say(f"vLLM started in {time.monotonic() - self.started:.0f} s")
