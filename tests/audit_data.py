@@ -39,24 +39,25 @@ def _noise(states: Any, full: Any) -> None:
     states[:, 0] += 0.3 * torch.randn(states[:, 0].shape, generator=generator) * states[:, 0].std()
 
 
-# (the id it hits, how, the cause the audit names: a regular expression, or None for no pattern)
-DEFECTS: list[tuple[int, Plant, str | None]] = [
-    (2, lambda s, full: s[:, 1].mul_(1.5), r"scaled by 1\.5"),
+# (the ids it hits, how, the cause the audit names for each: a regular expression, or None for no pattern)
+DEFECTS: list[tuple[list[int], Plant, str | None]] = [
+    ([2], lambda s, full: s[:, 1].mul_(1.5), r"scaled by 1\.5"),
     (
-        2,
+        [2],
         lambda s, full: s[:, 1].copy_(full[:, 2]),  # layer 3's state where id 2's belongs
         r"the state of layer 3, a neighbouring layer \(an id off by one\)",
     ),
-    (4, lambda s, full: s[:, 2].copy_(s[:, 1]), "an alias of id 2"),
-    (1, lambda s, full: s[10:, 0].zero_(), r"wrong on \d+ of \d+ tokens: zeros"),  # from token 10 on
-    (1, _noise, None),  # like a rank's partial sum: no pattern
-    # the padding slot's overwrite (vLLM 0.24.0, CUDA graphs): one stored row replaced
-    (4, lambda s, full: s[-1, 2].copy_(s[0, 2]), r"wrong on 1 of \d+ tokens"),
+    ([4], lambda s, full: s[:, 2].copy_(s[:, 1]), "an alias of id 2"),
+    ([1], lambda s, full: s[10:, 0].zero_(), r"wrong on \d+ of \d+ tokens: zeros"),  # from token 10 on
+    ([1], _noise, None),  # like a rank's partial sum: no pattern
+    # the padding slot's overwrite (vLLM 0.24.0, CUDA graphs): the KV-cache write puts a padded row's
+    # states, every id, into one token's stored slot; here the row of another token of the file
+    ([1, 2, 4], lambda s, full: s[-1].copy_(s[0]), r"wrong on 1 of \d+ tokens"),
 ]
 ZEROS_FROM = 10  # the first token the zeros defect clears
 
 
-def planted(names: list[str]) -> dict[str, tuple[int, Plant, str | None]]:
+def planted(names: list[str]) -> dict[str, tuple[list[int], Plant, str | None]]:
     """The defects, one per file, in the order of `names` (as many as there are names)."""
     return dict(zip(names, DEFECTS, strict=False))
 
