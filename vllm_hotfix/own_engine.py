@@ -86,18 +86,20 @@ def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
     return cast(argparse.Namespace, namespace)
 
 
-def vllm_checks(given: list[str], make: Callable[[], Any]) -> Any:
-    """`make()`, where vLLM checks the engine arguments' values (a tokenizer, a config): exit 3."""
+def vllm_checks(model: str, given: list[str], make: Callable[[], Any]) -> Any:
+    """`make()`, where vLLM checks the values of MODEL and the engine arguments (a checkpoint without
+    a config, a tokenizer): exit 3."""
     try:
         return make()
     except Exception as error:
-        raise CommandError(f"vLLM refused the engine arguments {given}: {one_line(error)}") from error
+        said = f"vLLM refused MODEL {model} or the engine arguments {given}: {one_line(error)}"
+        raise CommandError(said) from error
 
 
 def engine_args_from(namespace: argparse.Namespace, given: list[str]) -> Any:
     from vllm.engine.arg_utils import EngineArgs
 
-    return vllm_checks(given, lambda: EngineArgs.from_cli_args(namespace))
+    return vllm_checks(str(namespace.model), given, lambda: EngineArgs.from_cli_args(namespace))
 
 
 def start(engine: Any) -> Any:

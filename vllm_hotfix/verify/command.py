@@ -305,7 +305,7 @@ class Run:
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
         engine = own_engine.engine_args_from(namespace, plan.engine_args)
         self.phase = "reading the model's config"
-        config = own_engine.vllm_checks(plan.engine_args, engine.create_model_config)
+        config = own_engine.vllm_checks(args.model, plan.engine_args, engine.create_model_config)
         own = engine.speculative_config
         if own:
             if args.ids:
