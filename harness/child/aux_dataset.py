@@ -9,14 +9,22 @@ so each prompt is whole in one forward. Prints `RESULT {json}`: the files writte
 hotfix was loaded (by vLLM's plugin loader, where the caller put the installed plugin on the path):
 a dataset "made by stock vLLM" is one the hotfix never touched.
 
+With `--connector DIR` the same engine also saves each prompt through vLLM's own
+ExampleHiddenStatesConnector into DIR (its save path is CUDA-only: put harness/child/sites/cpu_connector
+on PYTHONPATH), and the result adds, per file name, the connector's file, and per TP rank the block
+sizes the connector used and the cache it read has: two copies of the same forward, the model's and
+the connector's. At TP > 1 the hook is pickled to the workers (VLLM_ALLOW_INSECURE_SERIALIZATION=1).
+
 Run with the test environment's Python:
 python harness/child/aux_dataset.py --checkpoint DIR --ids 1,2,3,4 --out DIR [--prompts N] [--longest N]
     [--engine-kwargs JSON]   (LLM's arguments to add or replace, e.g. '{"max_model_len": 512}')
+    [--connector DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -37,8 +45,9 @@ def main() -> None:
     parser.add_argument(
         "--engine-kwargs", default="{}", help="a JSON object of LLM arguments to add or replace"
     )
+    parser.add_argument("--connector", help="also save through ExampleHiddenStatesConnector into DIR")
     args = parser.parse_args()
-    # The engine in this process (TP=1): `apply_model` then calls the hook's installer directly.
+    # The engine core in this process: `apply_model` reaches the model (TP=1: directly).
     for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_MLA_DISABLE": "1"}.items():
         os.environ.setdefault(key, value)
 
@@ -65,40 +74,87 @@ def main() -> None:
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
         },
     }
+    if args.connector:
+        options["kv_transfer_config"] = {
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": args.connector},
+        }
     llm = LLM(**{**options, **json.loads(args.engine_kwargs)})
-    out = args.out
-
-    def install(model: object) -> int:
-        import torch
-        from safetensors.torch import save_file
-        from vllm.distributed import parallel_state
-        from vllm.forward_context import get_forward_context
-
-        if parallel_state.get_tp_group().rank_in_group != 0:
-            return 0
-
-        def hook(module: object, hook_args: tuple, kwargs: dict, output: object) -> None:
-            if (
-                not (isinstance(output, tuple) and len(output) == 2)
-                or get_forward_context().attn_metadata is None
-            ):
-                return
-            input_ids, positions = kwargs["input_ids"], kwargs["positions"]
-            starts = [int(i) for i in (positions == 0).nonzero().flatten()] + [int(positions.shape[0])]
-            for start, end in itertools.pairwise(starts):
-                name = names.get(tuple(input_ids[start:end].tolist()))
-                if name is not None:
-                    states = torch.stack([a[start:end].float().cpu() for a in output[1]], dim=1)
-                    tensors = {"hidden_states": states.contiguous(), "token_ids": input_ids[start:end].cpu()}
-                    save_file(tensors, os.path.join(out, name))
-
-        model.register_forward_hook(hook, with_kwargs=True)
-        return 1
-
-    llm.apply_model(install)
-    llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1), use_tqdm=False)
-    result = {"files": sorted(os.listdir(out)), "hotfix": "vllm_hotfix" in sys.modules}
+    # top-level functions, bound by partial: a TP > 1 engine pickles them to its worker processes
+    llm.apply_model(functools.partial(install_hook, names=names, out=args.out))
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(requests, SamplingParams(max_tokens=1), use_tqdm=False)
+    result = {"files": sorted(os.listdir(args.out)), "hotfix": "vllm_hotfix" in sys.modules}
+    if args.connector:
+        result["connector"] = connector_files(llm, prompts, outputs, names)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def install_hook(model: object, names: dict, out: str) -> int:
+    """The forward hook that writes each named prompt's aux states (TP rank 0 only)."""
+    import torch
+    from safetensors.torch import save_file
+    from vllm.distributed import parallel_state
+    from vllm.forward_context import get_forward_context
+
+    if parallel_state.get_tp_group().rank_in_group != 0:
+        return 0
+
+    def hook(module: object, hook_args: tuple, kwargs: dict, output: object) -> None:
+        if not (isinstance(output, tuple) and len(output) == 2):
+            return
+        if get_forward_context().attn_metadata is None:
+            return
+        input_ids, positions = kwargs["input_ids"], kwargs["positions"]
+        starts = [int(i) for i in (positions == 0).nonzero().flatten()] + [int(positions.shape[0])]
+        for start, end in itertools.pairwise(starts):
+            name = names.get(tuple(input_ids[start:end].tolist()))
+            if name is not None:
+                states = torch.stack([a[start:end].float().cpu() for a in output[1]], dim=1)
+                tensors = {"hidden_states": states.contiguous(), "token_ids": input_ids[start:end].cpu()}
+                save_file(tensors, os.path.join(out, name))
+
+    model.register_forward_hook(hook, with_kwargs=True)
+    return 1
+
+
+def connector_files(llm: object, prompts: list[list[int]], outputs: list, names: dict) -> dict:
+    """Per file name, the file ExampleHiddenStatesConnector saved for that prompt (once its writer
+    thread has released the file's lock); the block sizes: vLLM's global one, the connector's (the
+    one it rebuilds slots with) and that of the cache it reads (the hidden-states group's)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        load_hidden_states,
+    )
+
+    files = {
+        names[tuple(prompt)]: (output.kv_transfer_params or {})["hidden_states_path"]
+        for prompt, output in zip(prompts, outputs, strict=True)
+    }
+    # The connector is handed a finished request's saves at the engine's next step; a separate engine
+    # core (vLLM's default) takes that step in its busy loop, the engine in this process on request.
+    for _ in range(20):
+        if all(os.path.exists(path) for path in files.values()):
+            break
+        llm.llm_engine.step()
+    missing = [path for path in files.values() if not os.path.exists(path)]
+    if missing:  # its lock would never be released: fail rather than wait for ever
+        raise RuntimeError(f"the connector saved no file for: {missing}")
+    for path in files.values():
+        load_hidden_states(path)  # blocks until the writer thread has saved it (its lock)
+    return {"files": files, "ranks": llm.apply_model(connector_block_sizes)}
+
+
+def connector_block_sizes(model: object) -> dict:
+    """This worker's: vLLM's global block size as its config has it, the connector's, its cache's."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    connector = get_kv_transfer_group()
+    return {
+        "global_block_size": connector._vllm_config.cache_config.block_size,
+        "block_size": connector._block_size,
+        "cache_block_size": int(connector._kv_cache.shape[1]),
+    }
 
 
 if __name__ == "__main__":
