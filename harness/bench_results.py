@@ -221,7 +221,9 @@ class TinyEngine:
 
     def vllm_version(self) -> str:
         """The version of the test environment's vLLM the runs used."""
-        python = self.testenv.python_for("0.24.0")
+        from harness.testenv import BUG
+
+        python = self.testenv.python_for(BUG)
         done = subprocess.run(
             [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
         )
