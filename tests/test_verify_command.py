@@ -397,7 +397,7 @@ def test_the_temporary_report_directory_is_removed_at_every_end(
 ) -> None:
     code, out, made = _end_early(monkeypatch, ["--json"], stop)
     found = json.loads(out)
-    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 2
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 3
     assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
 
 
@@ -414,7 +414,7 @@ def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as stop:
             cli.parse(["verify", "M", *argv])
         found = json.loads(capsys.readouterr().out)
-        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == 2
+        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 3
         assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
     with pytest.raises(SystemExit):  # without --json stdout stays empty
         cli.parse(["verify", "M", "--ids", "1,x"])

@@ -1,15 +1,15 @@
-"""The check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py):
-stock fails (the ranks hold different per-rank partial sums; the final id is missing), patched
-passes every check, final id included. The same record and judgement (checks.py), final-norm
-probe and taps (vllm_hotfix/verify/taps.py) the command uses, the ranks' records gathered over
-vLLM's TP group (gloo): each id is compared with the stream its decoder layer received, reduced
-over the ranks' partial `hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1),
-and faults planted in the patched states of a real forward (scaled, after a norm, off by one
-layer, zero, aliased to the final state, the final state after the norm, a previous step's) each
-fail the per-id check. On the newest release, under the GPU-only norm paths emulated on CPU
-(harness/child/gpu_norms.py: vLLM's CUDA fused add-RMSNorm works in place), stock's id 0 aliases
-the residual that layer 0's norms then overwrite: the check FAILs it, and passes it in the
-functional run and in the patched forward (which captures id 0 as a copy)."""
+"""The check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py): stock
+fails (the ranks hold different per-rank partial sums; the final id is missing), patched passes
+every check, final id included. The same record and judgement (checks.py) and taps
+(vllm_hotfix/verify/taps.py) the command uses, the ranks' records gathered over vLLM's TP group
+(gloo): each id is compared with the stream its decoder layer received, reduced over the ranks'
+partial `hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1), and faults planted
+in the patched states of a real forward (scaled, after a norm, off by one layer, zero, aliased to
+the final state, the final state after the norm, a previous step's) each fail the per-id check. On
+the newest release, under the GPU-only norm paths emulated on CPU (harness/child/gpu_norms.py:
+vLLM's CUDA fused add-RMSNorm works in place), stock's id 0 aliases the residual that layer 0's
+norms then overwrite: the check FAILs it, and passes it in the functional run and in the patched
+forward (which captures id 0 as a copy)."""
 
 from __future__ import annotations
 
@@ -50,13 +50,12 @@ def test_stock_ranks_disagree_and_the_check_fails(ranks) -> None:
 
 def test_patched_passes_every_check_with_the_final_id(ranks) -> None:
     for rank in ranks:
-        assert rank["final_note"].startswith("the output of DeepseekV32Model.norm equals")
         for ids in ([1, 2, 3], [1, 2, 3, 4]):
             patched = _entry(rank, "patched", ids)
             assert patched["ok"] and patched["ranks_rel_diff"] == 0.0, patched
             assert patched["count_ok"] and patched["finite_ok"]
-        final = _entry(rank, "patched", [1, 2, 3, 4])
-        assert final["final_ok"] is True and final["final_rel_diff"] <= final["tolerance"]
+        final = _entry(rank, "patched", [1, 2, 3, 4])["per_id"][-1]
+        assert final["id"] == 4 and final["status"] == "ok", final
 
 
 def _statuses(entry: dict[str, Any]) -> dict[int, str]:

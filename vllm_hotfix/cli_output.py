@@ -20,7 +20,7 @@ SCHEMA = 1
 
 def document(command: str, exit_code: int, **fields: Any) -> dict[str, Any]:
     """A `--json` document: the common keys first, then the command's own."""
-    return {"schema": SCHEMA, "command": command, "exit_code": exit_code, **fields}
+    return {"schema": SCHEMA, "command": command, "exit_code": exit_code} | fields
 
 
 def print_document(command: str, exit_code: int, **fields: Any) -> None:
@@ -31,11 +31,12 @@ class UsageError(Exception):
     """A bad argument, path or setting, found before anything ran."""
 
 
-def exit_usage(prog: str, message: str, as_json: bool, usage: str | None = None) -> NoReturn:
-    """One line on stderr (and a document on stdout under --json); exit exit_codes.USAGE."""
+def exit_usage(prog: str, message: str, as_json: bool, usage: str | None = None, **fields: Any) -> NoReturn:
+    """One line on stderr (and a document on stdout under --json, with the command's own `fields`);
+    exit exit_codes.USAGE."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     if as_json:
-        print_document(prog.split()[-1], exit_codes.USAGE, error=message, usage=usage)
+        print_document(prog.split()[-1], exit_codes.USAGE, **fields, error=message, usage=usage)
     sys.exit(exit_codes.USAGE)
 
 

@@ -18,8 +18,6 @@ def check_in_group(
     ids: list[int],
     hidden_size: int,
     group: Any,
-    final_index: int | None = None,
-    final_norm: Any = None,
     taps: Any = None,
     final_id: int | None = None,
     max_tokens: int = 4096,
@@ -28,7 +26,7 @@ def check_in_group(
 
     from vllm_hotfix.verify.checks import judge_step, record
 
-    mine = record(aux, hidden, ids, hidden_size, max_tokens, final_index, final_norm, taps)
+    mine = record(aux, hidden, ids, hidden_size, max_tokens, taps)
     records: list[Any] = [None] * group.world_size
     dist.all_gather_object(records, mine, group=group.cpu_group)
     return judge_step(records, ids, group.rank_in_group, final_id)

@@ -5,8 +5,7 @@ The model is built as harness/child/v32_states.py builds it (its helpers: vLLM's
 TP groups over gloo, weight loaders; stand-in attention with DSA's tensor-parallel contract), dense
 layers only. For each id list, stock (vLLM's function, kept by the hotfix as `__wrapped__`) and the
 patched forward run on the same inputs, and each rank records what came back and the ranks' records
-are judged together (harness/child/verify_group.py), with the final norm observed as the engine's check
-observes it (`hook.final_norm_note`) and every id
+are judged together (harness/child/verify_group.py): every id
 compared with what its decoder layer received (the package's taps, vllm_hotfix/verify/taps.py,
 attached as the engine's model loader attaches them). Then, on the patched states of the last id
 list (which must hold the final id), faults are planted by this script, each checked on its own:
@@ -42,7 +41,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM: the model module is patched at its import)
     from vllm_hotfix.verify import taps as taps_mod
-    from vllm_hotfix.verify.hook import final_norm_note
 
     module = v32_states.model_module_with_stand_in(args.vendor)
     dtype = getattr(torch, args.dtype)
@@ -63,7 +61,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
         taps = taps_mod.attach(model, v32_states.HIDDEN, 64)
         forward = vars(type(model))["forward"]
         stock = getattr(forward, "__wrapped__", forward)
-        final_norm, final_note = final_norm_note(model)
+
+        def final_norm(state: torch.Tensor) -> torch.Tensor:  # the norm's eager forward, on a copy
+            out = model.norm.forward_native(state.clone())
+            return out[0] if isinstance(out, tuple) else out
+
         ids_tensor = torch.tensor(v32_states.PROMPT)
         positions = torch.arange(len(v32_states.PROMPT))
         step = functools.partial(forward_step, vllm_config, len(v32_states.PROMPT))
@@ -74,17 +76,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             return (out[0], list(out[1])) if isinstance(out, tuple) else (out, [])
 
         def check(label: str, ids: list[int], hidden: object, aux: list) -> None:
-            final_index = ids.index(args.layers) if args.layers in ids else None
             found = check_in_group(
-                aux,
-                hidden,
-                ids,
-                v32_states.HIDDEN,
-                get_tp_group(),
-                final_index,
-                final_norm,
-                taps=taps,
-                final_id=args.layers,
+                aux, hidden, ids, v32_states.HIDDEN, get_tp_group(), taps=taps, final_id=args.layers
             )
             entry = dataclasses.asdict(found)
             entry.update(ids=ids, label=label, ok=found.ok, ranks_agree=found.ranks_agree)
@@ -121,9 +114,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 earlier = run(forward, ids_tensor.flip(0))[1]  # the previous step's states, other tokens
                 hidden, aux = run(forward, ids_tensor)
                 check("planted-stale", ids, hidden, earlier)
-    record = rank_record(
-        rank, world, final_note=final_note, patched=hasattr(forward, "__vllm_hotfix__"), results=results
-    )
+    record = rank_record(rank, world, patched=hasattr(forward, "__vllm_hotfix__"), results=results)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w", encoding="utf-8") as out_file:
         json.dump(record, out_file, indent=2)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vllm_hotfix import exit_codes, own_engine
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, numbers, seconds
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, numbers, seconds
 from vllm_hotfix.own_engine import CommandError, one_line, writable
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
@@ -37,16 +37,13 @@ from vllm_hotfix.verify import settings as verify_settings
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
-SCHEMA = 2  # "schema" in the --json document; raised when a key changes meaning or goes (2: no window)
+SCHEMA = 3  # "schema" in the --json document; raised when a key changes meaning or goes (3: no "final")
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
-    "--load-format dummy: vLLM gives every weight (norm weights too) small random values (uniform"
-    " in +-1e-3, the same values for every parameter of the same size and dtype), not the"
-    " checkpoint's. This run shows that the aux states arrive (count and shape), are finite and"
-    " agree between ranks for these weights; it cannot show that their values are right for the"
-    " model: a defect whose size depends on the real weights (a norm's weights, a layer's share of"
-    " the residual stream) can stay inside the tolerance, and the final id is compared with a norm"
-    " whose weights are not the model's. Run it again on the checkpoint before trusting a PASS."
+    "--load-format dummy: vLLM gives every weight small random values, not the checkpoint's. This"
+    " run shows that the aux states arrive, are finite and agree between ranks for these weights; a"
+    " defect whose size depends on the real weights can stay inside the tolerance. Run it again on"
+    " the checkpoint before trusting a PASS."
 )
 
 
@@ -76,7 +73,7 @@ def _figure(value: Any) -> str:
 def format_reports(reports: list[dict[str, Any]]) -> str:
     lines = []
     for r in reports:
-        agree, final, count = r.get("ranks_agree") or {}, r.get("final") or {}, r.get("count") or {}
+        agree, count = r.get("ranks_agree") or {}, r.get("count") or {}
         lines.append(f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}")
         if r.get("model") is not None:
             compiled, checked = r.get("compilation") or {}, r.get("checked_tokens")
@@ -91,15 +88,11 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         if r.get("steps"):
             tolerance = "n/a" if agree.get("tolerance") is None else f"{agree['tolerance']:.0e}"
             worst = f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else ""
-            figure = _figure(final.get("max_rel_diff"))
             lines += [
                 f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}",
                 f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff"
                 f" {_figure(agree.get('max_rel_diff'))}, tolerance {tolerance}{worst})",
                 f"  finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}",
-                f"  final id: not checked ({final.get('note')})"
-                if final.get("ok") is None
-                else f"  final id: {'ok' if final['ok'] else 'FAIL'} (max rel diff {figure})",
             ]
             coverage = r.get("coverage")
             if isinstance(coverage, dict):
@@ -497,20 +490,8 @@ def run_with(runner: Run) -> int:
 
 
 def _usage_exit(message: str, usage: str | None = None) -> Any:
-    """Exit 4 at once, in one line on stderr (and one JSON document on stdout under --json)."""
-    print(f"vllm-hotfix verify: error: {message} (exit {exit_codes.USAGE})", file=sys.stderr)
-    if Parser.json_requested:  # a pipeline reading stdout gets a document, not nothing
-        document = {
-            "schema": SCHEMA,
-            "command": "verify",
-            "verdict": outcome_mod.UNKNOWN,
-            "exit_code": exit_codes.USAGE,
-            "reason": "usage error",
-            "error": message,
-            "usage": usage,
-        }
-        print(json.dumps(document, indent=2), flush=True)
-    sys.exit(exit_codes.USAGE)
+    fields = {"schema": SCHEMA, "verdict": outcome_mod.UNKNOWN, "reason": "usage error"}
+    exit_usage("vllm-hotfix verify", message, Parser.json_requested, usage, **fields)
 
 
 def add_parser(commands: Any) -> None:

@@ -13,13 +13,10 @@ error is recorded for its forward, never raised into vLLM.
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import os
 import socket
 import sys
-import textwrap
 import threading
 import types
 from typing import Any
@@ -86,16 +83,10 @@ class Recorder:
         self.holder = next((sub for sub in model.modules() if taps_mod.aux_ids(sub)), None)
         self.hidden_size = taps_mod.hidden_size(model)
         config = getattr(model, "config", None)
-        text = getattr(config, "get_text_config", lambda: config)()
-        layers = getattr(text, "num_hidden_layers", None)
-        self.final_id = int(layers) if isinstance(layers, int) else None
-        self.final_index = ids.index(layers) if layers in ids else None
-        self.final_norm, final_note = None, f"the final id {layers} is not requested"
+        layers = getattr(getattr(config, "get_text_config", lambda: config)(), "num_hidden_layers", None)
         self.taps = None
         if self.holder is not None and self.hidden_size is not None:
             self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
-            if self.final_index is not None:
-                self.final_norm, final_note = final_norm_note(self.holder)
         self.ranks = runtime.ranks()
         self.steps = 0
         self.directory = os.path.join(
@@ -114,8 +105,7 @@ class Recorder:
             "model": type(model).__name__,
             "model_class": f"{type(holder).__module__}.{type(holder).__qualname__}",
             "ids": ids,
-            "final_id": self.final_id,
-            "final_note": final_note,
+            "final_id": int(layers) if isinstance(layers, int) else None,
             "vllm_version": getattr(vllm, "__version__", None),
             "hidden_size": self.hidden_size,
             "max_tokens": self.max_tokens,
@@ -153,19 +143,12 @@ class Recorder:
 
         from vllm_hotfix.verify import checks
 
-        odd = self.taps.odd_forms() if self.taps is not None else []
-        if odd and self.final_norm is not None:
-            # e.g. DeepSeek-V4's hyper-connection layers: its final aux is the model's own definition
-            # (a mean over the streams), not the final norm's input
-            self.final_norm = None
-            self.facts["final_note"] = f"the layers are not of the (hidden_states, residual) form ({odd[0]})"
         if self.hidden_size is None:
             found: dict[str, Any] = {
                 "error": {"stage": "step", "message": "the model's hidden size is not readable"}
             }
         else:
-            args = (self.ids, self.hidden_size, self.max_tokens, self.final_index, self.final_norm, self.taps)
-            found = checks.record(aux, hidden_states, *args)
+            found = checks.record(aux, hidden_states, self.ids, self.hidden_size, self.max_tokens, self.taps)
         self.steps += 1
         path = os.path.join(self.directory, f"step-{self.steps:06d}.pt")
         torch.save(found, f"{path}.tmp")
@@ -187,42 +170,3 @@ class Recorder:
         if self.holder is None:
             return None
         return hint(type(self.holder).__module__, engine.records(), ALL_FIXES, type(self.holder))
-
-
-def final_norm_note(inner: Any) -> tuple[Any, str]:
-    """The model's final norm as a function of the pre-norm sum, when its forward's last assignment
-    to hidden_states is `self.norm(...)` or a fused op given `self.norm` (DeepseekV32); else None
-    and why not. The norm's eager `forward_native` runs on a copy, outside any compiled graph."""
-    norm = getattr(inner, "norm", None)
-    native = getattr(norm, "forward_native", None)
-    name = type(inner).__name__
-    if native is None:
-        return None, f"{name} has no vLLM norm `self.norm` to observe"
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(type(inner).forward)))
-    except (OSError, TypeError, SyntaxError):
-        return None, f"{name}.forward's source is not readable"
-    assigned = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign)
-        for target in node.targets
-        for n in ([target] if isinstance(target, ast.Name) else getattr(target, "elts", [])[:1])
-        if isinstance(n, ast.Name) and n.id == "hidden_states"
-    ]
-    last = max(assigned, key=lambda node: node.lineno, default=None)
-    call = last.value if last is not None and isinstance(last.value, ast.Call) else None
-    direct = call is not None and ast.unparse(call.func) == "self.norm"
-    fused = call is not None and any(ast.unparse(arg) == "self.norm" for arg in call.args)
-    if call is None or not (direct or fused):
-        return None, f"{name}.forward does not end with hidden_states = self.norm(...)"
-    # only a norm given (hidden_states, residual) reads the final id's sum: DeepSeek-V4's final aux
-    # is a mean over its hyper-connection streams, not what its self.norm(hidden_states) reads
-    if len(call.args) < (2 if direct else 3):
-        return None, f"{name}'s final norm takes no residual: its final id is not the norm's input sum"
-
-    def final_norm(state: Any) -> Any:
-        out = native(state.clone())
-        return out[0] if isinstance(out, tuple) else out
-
-    return final_norm, f"the output of {name}.norm equals the norm of the final id's state"

@@ -103,7 +103,6 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
         "not_compared": missing,
     }
     count_bad = next((c for c in checks if not c.count_ok), None)
-    final = [c for c in checks if c.final_ok is not None]
     errors = [error for check in checks for error in check.errors]
     incomplete = next((c.missing_note for c in checks if c.missing_note), None)
     if any(c.failed and c.missing_note is None for c in checks):
@@ -144,11 +143,6 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
             "tolerance": checks[0].tolerance if checks else None,
         },
         "finite": {"ok": all(c.finite_ok for c in checks)},
-        "final": {
-            "ok": None if not final else all(c.final_ok for c in final),
-            "max_rel_diff": max((c.final_rel_diff or 0.0 for c in final), default=None),
-            "note": next((c.final_error for c in checks if c.final_error), facts.get("final_note")),
-        },
         "failed_ranks": sorted({r for c in checks for r in c.failed_ranks}),
         "per_id": entries,
         "coverage": coverage,

@@ -121,11 +121,6 @@ class Taps:
         name = self.layer_names.get(row, "the layer")
         return f"{name} returns neither (hidden_states, residual) nor one hidden_states tensor"
 
-    def odd_forms(self) -> list[str]:
-        """The layers' odd forms only: a bypassed forward's layers may well be of the usual form, and
-        its final id is still the final norm's input (hook.py checks it against that norm)."""
-        return sorted({why for row in range(len(self.rows)) if (why := self._layer_form(row)) is not None})
-
     def _tensor(self, value: Any) -> bool:
         """A stream: [tokens, hidden], or a Hugging Face layer's [1, tokens, hidden] (vLLM's
         transformers backend adds that batch dimension; the op flattens it)."""
