@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO, cast
 
-from vllm_hotfix.cli_output import UsageError
+from vllm_hotfix.cli_output import UsageError, seconds
 
 DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 
@@ -30,6 +30,19 @@ class CommandError(Exception):
 def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def add_options(parser: argparse.ArgumentParser, report_dir_help: str) -> None:
+    """The options of every command that starts an engine of its own."""
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_TIMEOUT,
+        help="seconds for the whole run; then exit 3, the engine shut down (default %(default)g)",
+    )
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
+    parser.add_argument("--report-dir", help=report_dir_help)
 
 
 def model_path_problem(model: str) -> str | None:

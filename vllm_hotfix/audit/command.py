@@ -25,7 +25,7 @@ from typing import Any
 from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit.worker import MANIFEST_VAR
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, seconds
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
 from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
 
@@ -283,13 +283,5 @@ def add_parser(commands: Any) -> None:
     )
     which.add_argument("--all", action="store_true", help="audit every file")
     audit.add_argument("--seed", type=int, default=0, help="which files --sample picks (default 0)")
-    audit.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
-    audit.add_argument(
-        "--timeout",
-        type=seconds,
-        default=own_engine.DEFAULT_TIMEOUT,
-        help="seconds for the whole run; then exit 3, the engine shut down",
-    )
-    audit.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    audit.add_argument("--report-dir", help="where the engine's processes write their records and results")
+    own_engine.add_options(audit, "where the engine's processes write their records and results")
     audit.set_defaults(run=run, engine_args=[], prompt_lengths=None, batch_sizes=None)

@@ -1,10 +1,6 @@
-"""The checks of one forward's aux hidden states, independent of the model class, in two halves.
-
-`record` runs in each rank, in the model's forward hook (hook.py): count and shapes, fingerprints of
-the states and of the taps and finiteness, as a dict of small CPU tensors the rank writes to the
-report directory. `judge_step` runs in the command after the run, on every rank's
-record of the same forward: ranks agree, each rank's own checks, and the per-id comparison
-(reference.py). The fingerprint is linear, so a reduced stream is the sum of the ranks' records.
+"""One forward's checks, in two halves: `record` in each rank (count, shapes, finiteness, the
+fingerprints of the states and of the taps, as small CPU tensors), and `judge_step` in the command,
+over every rank's record of that forward (ranks agree, each rank's checks, the per-id comparison).
 """
 
 from __future__ import annotations

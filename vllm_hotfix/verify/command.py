@@ -1,12 +1,7 @@
-"""`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: a pre-flight. Start an engine of its own
-with the user's flags (parsed by the installed vLLM's own parser, so every `vllm serve` flag works),
-compiled as vLLM's default with CUDA graphs off through its public compilation config, run a bounded
-workload, and judge every forward of it from the ranks' records (outcome.py).
-
-Exit codes (vllm_hotfix/exit_codes.py): 0 PASS, 1 FAIL, 2 not everything checked, 3 the command or
-vLLM failed (refused engine arguments, its own error, the --timeout), 4 a usage error (before vLLM
-is imported). Only the verdict goes to stdout (one JSON document with --json): vLLM's log goes to
-stderr. The engine's processes are armed by vllm-hotfix's `vllm.general_plugins` entry point.
+"""`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: start an engine of its own with the
+user's flags (the installed vLLM's own parser), compiled, CUDA graphs off through its public config;
+run a bounded workload and judge every forward of it from the ranks' records (outcome.py). Exit
+codes: exit_codes.py. Only the verdict goes to stdout; vLLM's log goes to stderr.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vllm_hotfix import exit_codes, own_engine
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, numbers, seconds
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, numbers
 from vllm_hotfix.own_engine import CommandError, one_line, writable
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
@@ -71,46 +66,44 @@ def _figure(value: Any) -> str:
 
 
 def format_reports(reports: list[dict[str, Any]]) -> str:
-    lines = []
+    """The reports as text: the model and modes once, a line or two per rank, each id once over the
+    ranks (the --json document has every rank's figures)."""
+    if not reports:
+        return "no worker recorded a forward of this run"
+    first, lines = reports[0], []
+    if first.get("model") is not None:
+        compiled = first.get("compilation") or {}
+        lines.append(
+            f"model {first['model']} ({first.get('model_class')}), ids {first.get('ids')}, vLLM"
+            f" {first.get('vllm_version')}; compilation mode {compiled.get('mode')}, CUDA graphs"
+            f" {compiled.get('cudagraph_mode')}"
+        )
     for r in reports:
-        agree, count = r.get("ranks_agree") or {}, r.get("count") or {}
-        lines.append(f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}")
-        if r.get("model") is not None:
-            compiled, checked = r.get("compilation") or {}, r.get("checked_tokens")
-            lines.append(f"  model {r['model']} ({r.get('model_class')}), ids {r.get('ids')},")
-            lines[-1] += f" vLLM {r.get('vllm_version')}"
-            lines.append(
-                f"  forwards checked: {r.get('steps')} (tokens {r.get('tokens')}); compilation mode"
-                f" {compiled.get('mode')}, CUDA graphs {compiled.get('cudagraph_mode')}"
-            )
-            if checked is not None and checked != r.get("tokens"):
-                lines[-1] += f", compared on their first tokens: {checked} ({verify_settings.TOKENS_VAR})"
+        agree, count, checked = r.get("ranks_agree") or {}, r.get("count") or {}, r.get("checked_tokens")
+        lines.append(
+            f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}; forwards"
+            f" checked: {r.get('steps')} (tokens {r.get('tokens')})"
+        )
+        if checked is not None and checked != r.get("tokens"):
+            lines[-1] += f", compared on their first tokens: {checked} ({verify_settings.TOKENS_VAR})"
         if r.get("steps"):
             tolerance = "n/a" if agree.get("tolerance") is None else f"{agree['tolerance']:.0e}"
             worst = f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else ""
-            lines += [
-                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))}",
-                f"  ranks agree: {'ok' if agree.get('ok') else 'FAIL'} (max rel diff"
-                f" {_figure(agree.get('max_rel_diff'))}, tolerance {tolerance}{worst})",
-                f"  finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}",
-            ]
-            coverage = r.get("coverage")
-            if isinstance(coverage, dict):
-                missing = ", ".join(str(entry["id"]) for entry in coverage["not_compared"])
-                lines.append(f"  coverage: all {coverage['ids']} ids compared")
-                if missing:
-                    done = f"{len(coverage['compared'])} of {coverage['ids']}"
-                    lines[-1] = f"  coverage: {done} ids compared; not compared: {missing} (per-id says why)"
-        for e in r.get("per_id") or []:
-            against = f" vs {e['reference']}" if e.get("reference") else ""
-            why, figure = f": {e['why']}" if e.get("why") else "", _figure(e.get("max_rel_diff"))
-            lines.append(f"  id {e.get('id')}: {e.get('status')} (max rel diff {figure}{against}){why}")
-        lines += [
-            f"  error on rank {e.get('rank')} at {e.get('stage')}: {e.get('message')}"
-            for e in r.get("errors") or []
-        ]
+            lines.append(
+                f"  count and shape: {'ok' if count.get('ok') else 'FAIL: ' + str(count.get('detail'))};"
+                f" finite: {'ok' if (r.get('finite') or {}).get('ok') else 'FAIL'}; ranks agree:"
+                f" {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {_figure(agree.get('max_rel_diff'))},"
+                f" tolerance {tolerance}{worst})"
+            )
+        lines += [f"  error at {e.get('stage')}: {e.get('message')}" for e in r.get("errors") or []]
         lines += [f"  failed on ranks: {r['failed_ranks']}"] if r.get("failed_ranks") else []
         lines += [f"  {key}: {r[key]}" for key in ("note", "hint") if r.get(key)]
+    for e in outcome_mod.per_id(reports):
+        against, why = (
+            f" vs {e['reference']}" if e.get("reference") else "",
+            f": {e['why']}" if e.get("why") else "",
+        )
+        lines.append(f"id {e['id']}: {e['status']} (max rel diff {_figure(e['max_rel_diff'])}{against}){why}")
     return "\n".join(lines)
 
 
@@ -190,7 +183,7 @@ class Run:
 
     # -- output --------------------------------------------------------------------------------
     def text(self, judged: outcome_mod.Outcome) -> str:
-        lines = [format_reports(judged.reports) or "no worker recorded a forward of this run"]
+        lines = [format_reports(judged.reports)]
         plan = self.plan
         if judged.ignored and plan is not None:
             lines.append(
@@ -249,11 +242,10 @@ class Run:
 
     # -- what a command built on this run changes (the audit) --------------------------------------
     def before_vllm(self, plan: Plan) -> None:
-        """Set what the engine's processes must inherit: called before vLLM is imported."""
+        """Set what the engine's processes must inherit (vLLM is not imported yet)."""
 
     def adjust_engine(self, engine: Any, config: Any) -> None:
-        """Change vLLM's EngineArgs before the engine is built (after the user's flags and the
-        model's config are read)."""
+        """Change vLLM's EngineArgs (read from the user's flags) before the engine is built."""
 
     def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
         """The prompts the engine runs; every forward of them is checked."""
@@ -528,17 +520,9 @@ def add_parser(commands: Any) -> None:
         type=numbers("batch sizes", 1),
         help="prompts per generate call, each length in each (default 1,4)",
     )
-    verify.add_argument("--json", action="store_true", help="print one JSON document on stdout, nothing else")
-    verify.add_argument(
-        "--timeout",
-        type=seconds,
-        default=own_engine.DEFAULT_TIMEOUT,
-        help="seconds for the whole run; then exit 3, the engine shut down (default %(default)g)",
-    )
-    verify.add_argument("--debug", action="store_true", help="print tracebacks of errors")
-    verify.add_argument(
-        "--report-dir",
-        help="where the engine's processes write their records (a directory per run id); on storage"
-        " every node sees in multi-node runs (default: a new temporary directory, removed at the end)",
+    own_engine.add_options(
+        verify,
+        "where the engine's processes write their records (a directory per run id); on storage every"
+        " node sees in multi-node runs (default: a new temporary directory, removed at the end)",
     )
     verify.set_defaults(run=run, engine_args=[])

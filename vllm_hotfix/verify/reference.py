@@ -1,13 +1,8 @@
 """Per id: the captured state against what the model's layer actually received (taps.py), judged.
 
-Each rank records, per forward and requested id, what its tap saw (`tap_prints`) and why the id
-cannot be compared (`notes`). The command judges every rank's states of a forward alike: the
-layer's `hidden_states` is a per-rank partial when the ranks' fingerprints of it differ beyond the
-tolerance (a row-parallel partial left for the next norm's fused all-reduce), and the stream is
-then the ranks' sum (the projection is linear) plus the residual. The id is `ok` when every rank's
-captured fingerprint is within the tolerance of that stream (rel_prints), `FAIL` with the largest
-difference otherwise, `n/a` with why when there is nothing to compare. Under sequence-parallel MoE
-each token is compared with the shard row that holds it (`_shard_rows`).
+The comparison is of fingerprints (K fixed random directions, linear): where a layer received a
+per-rank partial `hidden_states` (the ranks' fingerprints of it differ), the stream is the ranks'
+sum plus the residual; sequence-parallel shards are compared row by row with the rank that holds it.
 """
 
 from __future__ import annotations

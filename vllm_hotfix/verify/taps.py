@@ -1,14 +1,9 @@
 """Taps: what each decoder layer of the model received, in the same forward as the aux states.
 
-The aux state of id k is, by vLLM's convention, the residual stream entering decoder layer k
-(`hidden_states + residual`; id 0: the embeddings; id N = the layers: the final norm's input). Per
-requested id of this rank: on the first local layer a forward pre-hook; for any other id k a forward
-hook on layer k-1, or, for a `(hidden_states, residual)` pair, on the norm that reads it
-(`_tap_norms`: its sum is an output of vLLM's all-reduce + add-RMSNorm fusion pattern, where the
-layer's `hidden_states` is an intermediate a tap would keep from fusing). Each hook calls one opaque
-custom op, registered before any trace (Dynamo refuses `torch.library` inside one), that writes
-fingerprints into preallocated tensors, counts its call and notes the layer's form: no Python side
-effect, no copy handed to the layer (a copy would hide the in-place aliasing the check must see).
+Id k is the residual stream entering layer k (id 0: the embeddings; the last id: the final norm's
+input). Module hooks on the layers, or on the norm that reads a `(hidden_states, residual)` pair,
+call one opaque custom op that writes fingerprints into preallocated tensors: no Python side effect,
+no copy handed to the layer (docs/design.md, section 8, says why each choice).
 """
 
 from __future__ import annotations
