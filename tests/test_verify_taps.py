@@ -198,8 +198,7 @@ def test_an_id_compared_on_one_step_is_covered() -> None:
     compared = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
     idle = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
     assert _report(idle, compared)["verdict"] == "PASS"
-    site = taps.site
-    taps.site = lambda layer_id: None if layer_id == 2 else site(layer_id)  # id 2 on another stage
+    del taps.rows[2]  # id 2 on another stage
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     partly = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
@@ -379,10 +378,10 @@ def test_taps_only_when_the_engine_asks_the_model_for_aux_states(hooked, tmp_pat
     every forward; a draft of the same class is never asked and stays untapped."""
     cls = hooked(_Target)
     target, draft = cls(), cls()
-    assert taps_mod.of(target.model) is None and taps_mod.of(draft.model) is None
+    assert taps_mod._registry.get(target.model) is None and taps_mod._registry.get(draft.model) is None
     target.set_aux_hidden_state_layers((1, LAYERS))
-    taps = taps_mod.of(target.model)
-    assert taps is not None and taps.rows == {1: 0, LAYERS: 1} and taps_mod.of(draft.model) is None
+    taps = taps_mod._registry.get(target.model)
+    assert taps is not None and taps.rows == {1: 0, LAYERS: 1} and taps_mod._registry.get(draft.model) is None
     assert target.model.aux_hidden_state_layers == (1, LAYERS)
     assert len(target._forward_hooks) == 1 and not draft._forward_hooks
 
@@ -445,7 +444,7 @@ def test_the_transformers_backends_layers_are_tapped(compiled: bool) -> None:
         model = BackendLike(plant)
         model.set_aux_hidden_state_layers(ids)
         taps_mod.attach(model, HIDDEN, 64, ids)
-        taps = taps_mod.of(model)
+        taps = taps_mod._registry.get(model)
         assert taps is not None and taps.rows == {1: 0, 2: 1, LAYERS: 2} and taps_mod.aux_ids(model) == ids
         forward = torch.compile(model.forward, fullgraph=True) if compiled else model
         with torch.no_grad():
@@ -502,7 +501,7 @@ def test_layers_that_discard_the_residual_are_compared_on_their_stream() -> None
 
 def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) -> None:
     """The 'before' of the test above: the stock reference `hidden + residual` FAILs ids 1, 2, 4."""
-    monkeypatch.setattr(taps_mod, "_discards", lambda layer: False)
+    monkeypatch.setattr(taps_mod, "discards_residual", lambda source: False)
     model = PreviousBackbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import signal
 import sys
@@ -19,17 +20,13 @@ from collections.abc import Callable
 from typing import Any, TextIO, cast
 
 from vllm_hotfix.cli_output import UsageError, seconds
+from vllm_hotfix.errors import one_line
 
 DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 
 
 class CommandError(Exception):
     """vLLM refused the engine arguments, or the run could not go on: exit 3, in one line."""
-
-
-def one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def add_options(parser: argparse.ArgumentParser, report_dir_help: str) -> None:
@@ -82,6 +79,8 @@ def plugin_reachable() -> bool:
 def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
     """`vllm serve`'s own flags, parsed by the installed vLLM's parser; CommandError when it refuses
     them (its message, without argparse's exit)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise CommandError("vLLM is not installed in this Python environment: install vllm-hotfix beside it")
     from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
 
     if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_hotfix.errors import one_line
 from vllm_hotfix.verify import reference
 from vllm_hotfix.verify.reference import K, project, projection, rel_prints
 
@@ -93,10 +94,6 @@ def fingerprints(
     return prints, scales, finite
 
 
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
 def record(
     aux: Sequence[Any] | Any,
     hidden_states: Any,
@@ -122,9 +119,8 @@ def record(
             count_ok=count_ok, detail=detail, rows=int(states[0].shape[0]) if count_ok and states else None
         )
         first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
-        found["tolerance"] = (
-            TOLERANCE_32BIT if first.dtype in (torch.float32, torch.float64) else TOLERANCE_16BIT
-        )
+        wide = first.dtype in (torch.float32, torch.float64)
+        found["tolerance"] = TOLERANCE_32BIT if wide else TOLERANCE_16BIT
         stage = "projection"
         proj = projection(hidden_size, first.device)
         stage = "float32"
@@ -134,7 +130,7 @@ def record(
         found.update(finite=bool(finite), prints=prints.cpu(), scales=scales.cpu())
         found.update(tap_seen=seen.cpu(), tap_prints=tapped.cpu(), notes=reference.notes(taps, ids))
     except Exception as raised:
-        found["error"] = {"stage": stage, "message": _one_line(raised)}
+        found["error"] = {"stage": stage, "message": one_line(raised)}
     return found
 
 
@@ -188,7 +184,7 @@ def judge_step(
             )
         return step
     except Exception as raised:
-        error = {"rank": own_rank, "stage": "judge", "message": _one_line(raised)}
+        error = {"rank": own_rank, "stage": "judge", "message": one_line(raised)}
         fresh = StepCheck(step.tokens, step.count_ok, step.count_detail, tolerance=limit, errors=[error])
         fresh.checked = step.checked
         return fresh

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -24,7 +23,8 @@ from typing import Any, TextIO
 
 from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, numbers
-from vllm_hotfix.own_engine import CommandError, one_line, writable
+from vllm_hotfix.errors import one_line
+from vllm_hotfix.own_engine import CommandError, writable
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
@@ -33,6 +33,7 @@ DECODE = 2  # tokens generated per prompt of the workload: its prefill and a dec
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
 SCHEMA = 3  # "schema" in the --json document; raised when a key changes meaning or goes (3: no "final")
+PLAN_KEYS = ("run_id", "method", "ids", "model_class", "compilation", "load_format", "report_dir")  # document
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight small random values, not the checkpoint's. This"
@@ -112,8 +113,6 @@ class Plan:
     """What the run checks, fixed before vLLM starts (workload trimmed once the engine says its
     max_model_len)."""
 
-    model: str
-    engine_args: list[str]
     run_id: str
     report_dir: str
     lengths: list[int]
@@ -153,9 +152,7 @@ class Run:
         if not self.lock.acquire(blocking=False):
             time.sleep(3600)  # the other thread is ending the process
         own_engine.stop(self.llm, forced=timed_out or self.llm is None)
-        plan = self.plan
-        reports: list[dict[str, Any]] = []
-        ignored = 0
+        plan, reports, ignored = self.plan, list[dict[str, Any]](), 0
         if plan is not None:
             try:
                 reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
@@ -186,9 +183,7 @@ class Run:
         lines = [format_reports(judged.reports)]
         plan = self.plan
         if judged.ignored and plan is not None:
-            lines.append(
-                f"ignored {judged.ignored} report(s) of other runs in {plan.report_dir} (another run id)"
-            )
+            lines.append(f"ignored {judged.ignored} report(s) of other runs in {plan.report_dir}")
         if plan is not None:
             lines += [f"note: {note}" for note in plan.notes]
             lines += [f"caveat: {caveat}" for caveat in plan.caveats]
@@ -220,19 +215,13 @@ class Run:
             "problems": judged.problems,
             "error": judged.error,
             "timed_out": timed_out,
-            "run_id": plan and plan.run_id,
             "model": self.args.model,
             "engine_args": list(self.args.engine_args),
-            "method": plan and plan.method,
-            "ids": plan and plan.ids,
+            **{key: getattr(plan, key, None) for key in PLAN_KEYS},
             "world": plan and plan.world.as_dict(),
             "workload": workload,
-            "model_class": plan and plan.model_class,
-            "compilation": plan and plan.compilation,
-            "load_format": plan and plan.load_format,
             "caveats": plan.caveats if plan else [],
             "notes": plan.notes if plan else [],
-            "report_dir": plan and plan.report_dir,
             "ignored_reports": judged.ignored,
             "per_id": outcome_mod.per_id(judged.reports),
             "coverage": outcome_mod.coverage(judged.reports),
@@ -261,10 +250,6 @@ class Run:
         problem = usage_problem(args.model)
         if problem:
             raise UsageError(problem)
-        if importlib.util.find_spec("vllm") is None:
-            raise CommandError(
-                "vLLM is not installed in this Python environment: install vllm-hotfix beside it"
-            )
         report_dir = args.report_dir
         if report_dir:
             writable(report_dir)
@@ -272,7 +257,8 @@ class Run:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
         batches = sorted(set(args.batch_sizes or DEFAULT_BATCHES))
-        plan = Plan(args.model, list(args.engine_args), uuid.uuid4().hex, report_dir, lengths, batches)
+        plan = Plan(uuid.uuid4().hex, report_dir, lengths, batches)
+        given = args.engine_args = list(args.engine_args)
         self.plan = plan  # from here on the output names the report directory and the run id
         # Before vLLM is imported (by its argument parser): every process of the engine inherits them.
         os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
@@ -281,16 +267,15 @@ class Run:
         self.before_vllm(plan)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
-        namespace = own_engine.parse_engine_args(args.model, plan.engine_args)
+        namespace = own_engine.parse_engine_args(args.model, given)
         sizes = (
-            int(getattr(namespace, f"{name}_parallel_size", 1) or 1)
-            for name in ("tensor", "pipeline", "data")
+            int(getattr(namespace, f"{n}_parallel_size", 1) or 1) for n in ("tensor", "pipeline", "data")
         )
         plan.world = outcome_mod.World(*sizes)
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
-        engine = own_engine.engine_args_from(namespace, plan.engine_args)
+        engine = own_engine.engine_args_from(namespace, given)
         self.phase = "reading the model's config"
-        config = own_engine.vllm_checks(args.model, plan.engine_args, engine.create_model_config)
+        config = own_engine.vllm_checks(args.model, given, engine.create_model_config)
         own = engine.speculative_config
         if own:
             if args.ids:
@@ -300,7 +285,6 @@ class Run:
                 )
             method = own.get("method") if isinstance(own, dict) else getattr(own, "method", None)
             plan.method = f"your --speculative-config (method {method!r})"
-            plan.ids = None
         else:
             layers = int(config.hf_text_config.num_hidden_layers)
             if args.ids:
@@ -435,7 +419,6 @@ def keyed_compile_cache() -> None:
     is not keyed on hooks, so in a shared directory a checked run could load a graph traced without
     the taps (every id `n/a`), or store one with them for engines without the check."""
     import hashlib
-    from pathlib import Path
 
     from vllm_hotfix._version import __version__
 
@@ -466,16 +449,13 @@ def run_with(runner: Run) -> int:
         runner.main()
     except UsageError as error:
         _usage_exit(str(error))
-    except CommandError as error:
-        if args.debug:
-            traceback.print_exc()
-        runner.finish(str(error))
     except KeyboardInterrupt:
         runner.finish(f"interrupted (Ctrl-C) while {runner.phase}")
-    except Exception as error:  # the command's own failure: one line, exit 3
+    except Exception as error:  # CommandError says why; any other is the command's own failure
         if args.debug:
             traceback.print_exc()
-        runner.finish(f"the command failed while {runner.phase}: {one_line(error)}")
+        own = isinstance(error, CommandError)
+        runner.finish(str(error) if own else f"the command failed while {runner.phase}: {one_line(error)}")
     finally:
         watchdog.cancel()  # reached only where finish did not exit (a stood-in os._exit)
     return exit_codes.ERROR  # not reached: finish exits
@@ -492,13 +472,11 @@ def add_parser(commands: Any) -> None:
         allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of one of ours
         help="a pre-flight: start vLLM on MODEL with your flags; say whether the aux states are right",
         usage="vllm-hotfix verify MODEL [options] [-- ENGINE ARGS (any `vllm serve` flag)]",
-        description="Starts an engine of its own with your flags and extract_hidden_states (or your"
-        " own --speculative-config), compiled as vLLM's default with CUDA graphs off, runs prompts of"
-        " each length in each batch size, checks every forward of them and prints the verdict per"
-        " rank, per check and per id. Exit codes: 0 PASS, 1 FAIL, 2 not everything checked, 3 the"
-        " command or vLLM failed, 4 usage error. Engine arguments (after `--`, or any flag this"
-        " command does not know) go unchanged to the installed vLLM's own parser, e.g."
-        " `-- --tensor-parallel-size 8 --quantization fp8`: give it your server's flags.",
+        description="Starts an engine of its own with your flags (compiled, CUDA graphs off), checks"
+        " every forward of a bounded workload and prints the verdict per rank and per id. Exit codes:"
+        " 0 PASS, 1 FAIL, 2 not everything checked, 3 the command or vLLM failed, 4 usage error."
+        " Engine arguments (after `--`, or any flag this command does not know) go to the installed"
+        " vLLM's own parser: give it your server's flags.",
     )
     verify.error = lambda message: _usage_exit(message, verify.format_usage().strip())
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")

@@ -82,13 +82,10 @@ class Recorder:
         self.taps = None
         if self.holder is not None and self.hidden_size is not None:
             self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
-        self.ranks = runtime.ranks()
+        self.ranks = ranks = runtime.ranks()
         self.steps = 0
-        self.directory = os.path.join(
-            str(found.report_dir),
-            str(found.run_id),
-            f"dp{self.ranks['dp']}-pp{self.ranks['pp']}-tp{self.ranks['tp']}-{socket.gethostname()}-{os.getpid()}",
-        )
+        name = f"dp{ranks['dp']}-pp{ranks['pp']}-tp{ranks['tp']}-{socket.gethostname()}-{os.getpid()}"
+        self.directory = os.path.join(str(found.report_dir), str(found.run_id), name)
         os.makedirs(self.directory, exist_ok=True)
         holder = self.holder if self.holder is not None else model
         vllm = sys.modules.get("vllm")
@@ -102,12 +99,8 @@ class Recorder:
             "ids": ids,
             "final_id": int(layers) if isinstance(layers, int) else None,
             "vllm_version": getattr(vllm, "__version__", None),
-            "hidden_size": self.hidden_size,
-            "max_tokens": self.max_tokens,
             "compilation": runtime.compilation(),
-            "taps": None if self.taps is None else sorted(self.taps.rows),
             "hint": None,
-            "steps": 0,
         }
         self._write_facts()
         model.register_forward_hook(self.after_forward)
@@ -121,17 +114,15 @@ class Recorder:
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         """Every forward that returns aux states: its record. vLLM's dummy forwards (memory profile,
         warm-ups, an idle data-parallel rank) run on inputs that are no one's (states up to 1e28 on
-        the tests' tiny model): counted, not checked."""
+        the tests' tiny model): not checked."""
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
             return None  # an earlier pipeline stage's intermediate tensors
         if runtime.dummy_forward():
-            self.facts["dummy_forwards"] = self.facts.get("dummy_forwards", 0) + 1
             return None
         try:
             self.write(output[0], output[1])
         except Exception as error:  # never break the host: the command sees the error, not a PASS
             containment.report_error("verify: a forward not recorded", error)
-        return None
 
     def write(self, hidden_states: Any, aux: Any) -> None:
         import torch
@@ -149,19 +140,31 @@ class Recorder:
         torch.save(found, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
         if self.steps == 1:  # the fixes have decided by now, and inductor has scheduled
-            self.facts["hint"] = self._hint()
             from vllm_hotfix.verify import inductor_order
 
-            self.facts["inductor_order"] = dict(inductor_order.outcome) or None
-        self.facts["steps"] = self.steps
-        self._write_facts()
+            said = None if self.holder is None else hint(type(self.holder))
+            self.facts.update(hint=said, inductor_order=dict(inductor_order.outcome) or None)
+            self._write_facts()
 
-    def _hint(self) -> str | None:
-        """What to do should the command find a FAIL: the fix that covers the model, if any."""
-        from vllm_hotfix import engine
-        from vllm_hotfix.fixes import ALL_FIXES
-        from vllm_hotfix.verify.outcome import hint
 
-        if self.holder is None:
-            return None
-        return hint(type(self.holder).__module__, engine.records(), ALL_FIXES, type(self.holder))
+def hint(model_class: type) -> str:
+    """What to do after a FAIL: the fix that covers the module of `model_class` (the one holding
+    the aux ids), or one whose owner it inherits the method from (vLLM's shared capture helper in
+    Llama's, Qwen's, gpt-oss's backbone), with its decision in this process; or how to report it."""
+    from vllm_hotfix import engine
+    from vllm_hotfix.fixes import ALL_FIXES
+
+    report = "please report it to vllm-hotfix's maintainers with this output and `vllm-hotfix status --json`"
+    for fix in ALL_FIXES:
+        owner = next((k for k in model_class.__mro__ if fix.attribute in vars(k)), object)
+        inherits = (owner.__module__, owner.__name__) == (fix.module, getattr(fix, "owner", None))
+        if fix.module != model_class.__module__ and not inherits:
+            continue
+        decision = getattr(getattr(engine.records().get(fix.fix_id), "decision", None), "value", "pending")
+        if decision == "patched":
+            return f"fix {fix.fix_id} is applied here and the states are still wrong: not covered; {report}"
+        return (
+            f"fix {fix.fix_id} covers {model_class.__module__} and its decision here is {decision!r}: see"
+            f" `vllm-hotfix status` (VLLMHOTFIX_DISABLE, VLLMHOTFIX_FORCE); otherwise {report}"
+        )
+    return f"not covered by any vllm-hotfix fix: {report}"

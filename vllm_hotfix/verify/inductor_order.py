@@ -16,6 +16,7 @@ import sys
 import types
 from typing import Any, cast
 
+from vllm_hotfix.errors import one_line
 from vllm_hotfix.fixes.base import Fix
 
 logger = logging.getLogger("vllm.hotfix")
@@ -111,7 +112,7 @@ def on_import(scheduler: types.ModuleType) -> None:
     except Exception as error:
         from vllm_hotfix import containment
 
-        outcome.update(state=UNKNOWN, reason=f"{type(error).__name__}: {error}")
+        outcome.update(state=UNKNOWN, reason=one_line(error))
         if containment.strict_requested():
             raise
         containment.report_error("verify: torch's inductor ordering fix not applied", error)

@@ -102,12 +102,9 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
     count_bad = next((c for c in checks if not c.count_ok), None)
     errors = [error for check in checks for error in check.errors]
     incomplete = next((c.missing_note for c in checks if c.missing_note), None)
+    verdict = PASS if checks and all(c.complete for c in checks) and coverage["ok"] else UNKNOWN
     if any(c.failed and c.missing_note is None for c in checks):
         verdict = FAIL  # a real failure, seen in what the ranks that recorded the forward wrote
-    elif not checks or not all(c.complete for c in checks) or not coverage["ok"]:
-        verdict = UNKNOWN
-    else:
-        verdict = PASS
     said = "; ".join(f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in errors[:3]) or incomplete
     note = f"the check could not complete: {said}" if said else None
     if not checks:
@@ -140,29 +137,6 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
         "hint": facts.get("hint") if verdict == FAIL else None,
         "inductor_order": facts.get("inductor_order"),
     }
-
-
-def hint(model_module: str, records: dict[str, Any], fixes: Any, model_class: type | None = None) -> str:
-    """What to do after a FAIL: the fix that covers the model's module, or a method the model's
-    class (`model_class`, the one that holds the aux ids) inherits from a fix's owner (vLLM's
-    shared capture helper in Llama's, Qwen's, gpt-oss's backbone); or how to report it."""
-    report = (
-        "please report it to the vllm-hotfix maintainers with this output and that of"
-        " `vllm-hotfix status --json`"
-    )
-    for fix in fixes:
-        owner = next((k for k in getattr(model_class, "__mro__", ()) if fix.attribute in vars(k)), object)
-        inherits = (owner.__module__, owner.__name__) == (fix.module, getattr(fix, "owner", None))
-        if fix.module != model_module and not inherits:
-            continue
-        decision = getattr(getattr(records.get(fix.fix_id), "decision", None), "value", "pending")
-        if decision == "patched":
-            return f"fix {fix.fix_id} is applied here and the states are still wrong: not covered; {report}"
-        return (
-            f"fix {fix.fix_id} covers {model_module} and its decision here is {decision!r}: see"
-            f" `vllm-hotfix status` (VLLMHOTFIX_DISABLE, VLLMHOTFIX_FORCE); otherwise {report}"
-        )
-    return f"not covered by any vllm-hotfix fix: {report}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,7 +76,7 @@ def tap_prints(taps: Any, ids: Sequence[int], tokens: int) -> tuple[Any, Any]:
         return seen, prints
     rows = min(tokens, taps.max_tokens)
     for i, layer_id in enumerate(ids):
-        site = taps.site(layer_id)
+        site = taps.rows.get(layer_id)
         if site is not None:
             seen[i, 0], seen[i, 1] = taps.meta[site, 0] - taps.seen[site], taps.meta[site, 1]
             prints[i, 0, :rows] = taps.fp_hidden[site, :rows]
@@ -124,9 +124,8 @@ def judge(
             "status": "n/a",
             "max_rel_diff": None,
             "tolerance": tolerance,
-            "reference": describe(layer_id, final_id, False, world),
-            "why": None,
         }
+        entry.update(reference=describe(layer_id, final_id, False, world), why=None)
         entries.append(entry)
         hidden, residual = tapped[:, i, 0], tapped[:, i, 1]
         chunk = _shard_rows(seen[:, i, 1], residual, scales[0, i], rows, tolerance)
@@ -187,7 +186,7 @@ def notes(taps: Any, ids: Sequence[int]) -> list[str | None]:
         return ["no taps on this model (its decoder layers were not found)"] * len(ids)
     found: list[str | None] = []
     for layer_id in ids:
-        site = taps.site(layer_id)
+        site = taps.rows.get(layer_id)
         if site is None:
             last = taps.start + taps.sites - 1
             found.append(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_hotfix.errors import one_line
+
 
 def ranks() -> dict[str, int]:
     """This process's place in every parallel dimension (read from vLLM's groups; 0 of 1 if absent)."""
@@ -39,11 +41,9 @@ def compilation(config: Any = None) -> dict[str, Any]:
             from vllm.config import get_current_vllm_config
 
             config = get_current_vllm_config()
-        mode = getattr(config.compilation_config, "mode", getattr(config.compilation_config, "level", None))
-        graphs = getattr(config.compilation_config, "cudagraph_mode", None)
-        return {
-            "mode": str(getattr(mode, "name", mode)),
-            "cudagraph_mode": str(getattr(graphs, "name", graphs)),
-        }
+        compiled = config.compilation_config
+        modes = {"mode": getattr(compiled, "mode", getattr(compiled, "level", None))}
+        modes["cudagraph_mode"] = getattr(compiled, "cudagraph_mode", None)
+        return {key: str(getattr(value, "name", value)) for key, value in modes.items()}
     except Exception as error:
-        return {"mode": None, "cudagraph_mode": None, "error": f"{type(error).__name__}: {error}"}
+        return {"mode": None, "cudagraph_mode": None, "error": one_line(error)}

@@ -99,18 +99,11 @@ class Taps:
         self.bypassed: str | None = None  # why no hook on a layer can fire (split_layer_reason)
         self.after_norm: dict[int, str] = {}  # row: the norm that taps its pair form (_tap_norms)
 
-    def site(self, layer_id: int) -> int | None:
-        """The buffer row of id `layer_id`, None when it is not tapped here."""
-        return self.rows.get(layer_id)
-
     def form(self, row: int) -> str | None:
         """Why row `row` cannot be compared: no hook can fire (`bypassed`), or the layer's form."""
-        return self.bypassed or self._layer_form(row)
-
-    def _layer_form(self, row: int) -> str | None:
         form = int(self.meta[row, 2])
-        if form == PAIR and row in self.unread:
-            return self.unread[row]
+        if self.bypassed or (form == PAIR and row in self.unread):
+            return self.bypassed or self.unread[row]
         if form != OTHER:
             return None
         name = self.layer_names.get(row, "the layer")
@@ -140,7 +133,6 @@ class Taps:
                 self._write(hidden, residual, row, PAIR)
             else:
                 self._write(None, None, row, OTHER)
-            return None
 
         return pre
 
@@ -163,7 +155,6 @@ class Taps:
                     hidden, residual, form = output[0], output[1], PAIR
             if form == OTHER or not form_only:
                 self._write(hidden, residual, row, form)
-            return None
 
         return post
 
@@ -177,7 +168,6 @@ class Taps:
                 return None  # called without the pair (a stream form): the layer's exit hook taps
             if self._tensor(output[1]):
                 self._write(output[1], None, row, STREAM)
-            return None
 
         return post
 
@@ -258,7 +248,7 @@ def attach(
             layer = layers[layer_id - 1]
             # the layer that reads this stream (the last layer's own class for the final id)
             reader = layers[layer_id] if layer_id < len(layers) else layer
-            discards = _discards(reader)
+            discards = _from_source(type(reader), discards_residual)  # None: unknown, never guessed
             if discards is None:
                 taps.unread[row] = (
                     f"the source of {type(reader).__name__}.forward cannot be read, so whether the stream"
@@ -289,7 +279,7 @@ def _tap_norms(taps: Taps, holder: Any, layers: Any, end: int) -> None:
             reader, owner = layers[layer_id - 1], holder
         else:
             continue  # the reader is on another pipeline rank
-        if _discards(reader) is not False:
+        if _from_source(type(reader), discards_residual) is not False:
             continue
         name = _from_source(type(owner), reader_norm)
         norm = getattr(owner, name, None) if name else None
@@ -303,19 +293,14 @@ def reader_norm(forward_source: str) -> str | None:
     """The attribute of the first module a forward calls as `self.X(hidden_states, residual)` (its
     input norm for a decoder layer, the final norm for a backbone), or None."""
     tree = ast.parse(textwrap.dedent(forward_source))
-    calls = sorted(
-        (n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)
-    )
-    for call in calls:
-        names = [getattr(a, "id", None) for a in call.args]
-        if (
-            isinstance(call.func, ast.Attribute)
-            and ast.unparse(call.func.value) == "self"
-            and not call.keywords
-        ):
-            if names == ["hidden_states", "residual"]:
-                return call.func.attr
-    return None
+    found = [
+        (n.lineno, n.col_offset, n.func.attr)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and ast.unparse(n) == f"self.{n.func.attr}(hidden_states, residual)"
+    ]
+    return min(found)[2] if found else None
 
 
 def _read_source(cls: Any, reader: Callable[..., Any], *args: Any) -> Any:
@@ -343,19 +328,11 @@ def split_layer_reason(forward_source: str, owner: str) -> str | None:
         if isinstance(target, ast.Name)
     }
     calls = [node.func for node in ast.walk(tree) if isinstance(node, ast.Call)]
-    if any(isinstance(f, ast.Name) and f.id in names for f in calls):
-        return None
-    methods = sorted(
-        {
-            f.attr
-            for f in calls
-            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in names
-        }
-    )
-    if not methods:
+    methods = {f.attr for f in calls if isinstance(f, ast.Attribute) and ast.unparse(f.value) in names}
+    if not methods or any(isinstance(f, ast.Name) and f.id in names for f in calls):
         return None
     return (
-        f"{owner}.forward calls its decoder layers' methods ({', '.join(methods)}), not the layers"
+        f"{owner}.forward calls its decoder layers' methods ({', '.join(sorted(methods))}), not the layers"
         " themselves, so the check's taps (module hooks) never see the stream a layer receives"
     )
 
@@ -383,16 +360,6 @@ def discards_residual(forward_source: str) -> bool:
         if mentions(statement, ast.Load) or mentions(statement, ast.Store):
             return False
     return False
-
-
-def _discards(layer: Any) -> bool | None:
-    """`discards_residual` of the layer's class; None: unknown (no source), never guessed."""
-    found: bool | None = _from_source(type(layer), discards_residual)
-    return found
-
-
-def of(holder: Any) -> Taps | None:
-    return _registry.get(holder)
 
 
 def hidden_size(model: Any) -> int | None:
