@@ -37,9 +37,8 @@ PLAN_KEYS = ("run_id", "method", "ids", "model_class", "compilation", "load_form
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
     "--load-format dummy: vLLM gives every weight small random values, not the checkpoint's. This"
-    " run shows that the aux states arrive, are finite and agree between ranks for these weights; a"
-    " defect whose size depends on the real weights can stay inside the tolerance. Run it again on"
-    " the checkpoint before trusting a PASS."
+    " run shows that the aux states arrive, are finite and agree between ranks; it cannot show that"
+    " their values are right for the model. Run it again on the checkpoint before trusting a PASS."
 )
 
 
