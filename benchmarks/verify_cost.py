@@ -36,7 +36,7 @@ model, flags = sys.argv[1], sys.argv[2:]
 engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
 lengths, batches = [16, 64, 256, 480], [1, 4]  # LENGTHS, BATCHES
-plan = command.Plan(model, flags, "baseline", "", lengths, batches)
+plan = command.Plan("baseline", "", lengths, batches)
 plan.ids = command.default_ids(int(config.hf_text_config.num_hidden_layers))
 engine.speculative_config = {
     "method": "extract_hidden_states",
