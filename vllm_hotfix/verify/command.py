@@ -95,14 +95,15 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
                 f" {'ok' if agree.get('ok') else 'FAIL'} (max rel diff {_figure(agree.get('max_rel_diff'))},"
                 f" tolerance {tolerance}{worst})"
             )
-        lines += [f"  error at {e.get('stage')}: {e.get('message')}" for e in r.get("errors") or []]
+        lines += [
+            f"  error on rank {e.get('rank')} at {e.get('stage')}: {e.get('message')}"
+            for e in r.get("errors") or []
+        ]
         lines += [f"  failed on ranks: {r['failed_ranks']}"] if r.get("failed_ranks") else []
         lines += [f"  {key}: {r[key]}" for key in ("note", "hint") if r.get(key)]
     for e in outcome_mod.per_id(reports):
-        against, why = (
-            f" vs {e['reference']}" if e.get("reference") else "",
-            f": {e['why']}" if e.get("why") else "",
-        )
+        against = f" vs {e['reference']}" if e.get("reference") else ""
+        why = f": {e['why']}" if e.get("why") else ""
         lines.append(f"id {e['id']}: {e['status']} (max rel diff {_figure(e['max_rel_diff'])}{against}){why}")
     return "\n".join(lines)
 
@@ -151,7 +152,8 @@ class Run:
         if not self.lock.acquire(blocking=False):
             time.sleep(3600)  # the other thread is ending the process
         own_engine.stop(self.llm, forced=timed_out or self.llm is None)
-        plan, reports, ignored = self.plan, list[dict[str, Any]](), 0
+        plan, ignored = self.plan, 0
+        reports: list[dict[str, Any]] = []
         if plan is not None:
             try:
                 reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
