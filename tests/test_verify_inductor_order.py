@@ -65,8 +65,9 @@ TORCH_2_14 = (
         (TORCH_2_14, inductor_order.FIXED),
         (TORCH_2_13.replace("if fake_deps:", "if fake_deps and self.node:"), inductor_order.UNKNOWN),
         (TORCH_2_11 + "        self.group = None\n", inductor_order.UNKNOWN),
+        (SIGNATURE + "        self._compute_attrs(extra_indexing_constraints)\n", inductor_order.APPLIED),
     ],
-    ids=["torch-2.11", "torch-2.13", "torch-2.14", "other-test", "more-statements"],
+    ids=["torch-2.11", "torch-2.13", "torch-2.14", "other-test", "more-statements", "other-arguments"],
 )
 def test_the_probe_knows_the_buggy_shapes_the_fixed_one_and_nothing_else(source: str, state: str) -> None:
     assert inductor_order.probe(source)[0] == state

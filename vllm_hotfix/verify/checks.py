@@ -160,7 +160,7 @@ def judge_step(
         step.missing_note = f"the ranks recorded forwards of different sizes {sizes}"
     if step.missing_note is not None:
         return step
-    found = [records[r] or {} for r in range(len(records))]
+    found = [each or {} for each in records]
     try:
         for r in good[1:]:
             scale = torch.maximum(found[r]["scales"], found[good[0]]["scales"])
@@ -185,6 +185,11 @@ def judge_step(
         return step
     except Exception as raised:
         error = {"rank": own_rank, "stage": "judge", "message": one_line(raised)}
-        fresh = StepCheck(step.tokens, step.count_ok, step.count_detail, tolerance=limit, errors=[error])
-        fresh.checked = step.checked
-        return fresh
+        return StepCheck(
+            step.tokens,
+            step.count_ok,
+            step.count_detail,
+            tolerance=limit,
+            errors=[error],
+            checked=step.checked,
+        )

@@ -259,7 +259,7 @@ class Run:
         lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
         batches = sorted(set(args.batch_sizes or DEFAULT_BATCHES))
         plan = Plan(uuid.uuid4().hex, report_dir, lengths, batches)
-        given = args.engine_args = list(args.engine_args)
+        given = list(args.engine_args)
         self.plan = plan  # from here on the output names the report directory and the run id
         # Before vLLM is imported (by its argument parser): every process of the engine inherits them.
         os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business

@@ -82,7 +82,7 @@ class Recorder:
         self.taps = None
         if self.holder is not None and self.hidden_size is not None:
             self.taps = taps_mod.attach(model, self.hidden_size, self.max_tokens, ids)
-        self.ranks = ranks = runtime.ranks()
+        ranks = runtime.ranks()
         self.steps = 0
         name = f"dp{ranks['dp']}-pp{ranks['pp']}-tp{ranks['tp']}-{socket.gethostname()}-{os.getpid()}"
         self.directory = os.path.join(str(found.report_dir), str(found.run_id), name)
@@ -93,7 +93,7 @@ class Recorder:
             "run_id": found.run_id,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            **self.ranks,
+            **ranks,
             "model": type(model).__name__,
             "model_class": f"{type(holder).__module__}.{type(holder).__qualname__}",
             "ids": ids,
@@ -130,9 +130,8 @@ class Recorder:
         from vllm_hotfix.verify import checks
 
         if self.hidden_size is None:
-            found: dict[str, Any] = {
-                "error": {"stage": "step", "message": "the model's hidden size is not readable"}
-            }
+            unreadable = {"stage": "step", "message": "the model's hidden size is not readable"}
+            found: dict[str, Any] = {"error": unreadable}
         else:
             found = checks.record(aux, hidden_states, self.ids, self.hidden_size, self.max_tokens, self.taps)
         self.steps += 1

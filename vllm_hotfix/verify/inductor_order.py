@@ -27,11 +27,8 @@ TARGET = f"{MODULE}.{OWNER}.{ATTRIBUTE}"
 ISSUE = "pytorch/pytorch issue 185509 (fixed in torch 2.14.0)"
 # outcomes, for the report (`inductor_order`)
 APPLIED, FIXED, NOT_NEEDED, UNKNOWN = "applied", "fixed in torch", "not needed", "unknown shape"
-# the buggy bodies, as ast.unparse writes them (an annotation on an assignment left out)
-_RECOMPUTE = (
-    "self._compute_attrs(extra_indexing_constraints=extra_indexing_constraints,"
-    " recompute_sizes_body_func=recompute_sizes_body_func)"
-)
+# the buggy bodies, as `_body` writes them
+_RECOMPUTE = "self._compute_attrs()"
 _TORCH_2_13 = (
     "fake_deps = OrderedSet((dep for dep in self.read_writes.reads if isinstance(dep, (WeakDep, StarDep))))"
     f"\n{_RECOMPUTE}\nif fake_deps:\n"
@@ -45,19 +42,23 @@ _BUGGY = {  # torch 2.10.0-2.11.0, 2.13.0
 outcome: dict[str, str] = {}  # {"state": one of the outcomes, "reason": why}; empty until decided
 
 
+def _plain(statement: ast.stmt) -> ast.stmt:
+    """The statement as the probe compares it: an annotation on an assignment left out, and the
+    arguments of `self._compute_attrs(...)` (whatever it passes, it recomputes the reads)."""
+    if isinstance(statement, ast.AnnAssign) and statement.value:
+        return ast.Assign(targets=[statement.target], value=statement.value, lineno=0)
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if isinstance(call, ast.Call) and ast.unparse(call.func) == "self._compute_attrs":
+        return ast.Expr(ast.Call(func=call.func, args=[], keywords=[]))
+    return statement
+
+
 def _body(source: str) -> ast.Module:
-    """The function's statements, a docstring and annotations on assignments left out; ValueError
-    unless one function."""
+    """The function's statements, a docstring left out, each `_plain`; ValueError unless one function."""
     body = Fix.parse_function(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # a docstring
-    plain = [
-        ast.Assign(targets=[s.target], value=s.value, lineno=0)
-        if isinstance(s, ast.AnnAssign) and s.value
-        else s
-        for s in body
-    ]
-    return ast.Module(body=plain, type_ignores=[])
+    return ast.Module(body=[_plain(statement) for statement in body], type_ignores=[])
 
 
 def probe(source: str) -> tuple[str, str]:

@@ -101,9 +101,11 @@ class Taps:
 
     def form(self, row: int) -> str | None:
         """Why row `row` cannot be compared: no hook can fire (`bypassed`), or the layer's form."""
+        if self.bypassed:
+            return self.bypassed
         form = int(self.meta[row, 2])
-        if self.bypassed or (form == PAIR and row in self.unread):
-            return self.bypassed or self.unread[row]
+        if form == PAIR and row in self.unread:
+            return self.unread[row]
         if form != OTHER:
             return None
         name = self.layer_names.get(row, "the layer")
@@ -218,13 +220,11 @@ def _layer_list(module: Any) -> tuple[Any, int, int] | None:
     return (layers, start, end) if len(layers) else None
 
 
-def attach(
-    model: Any, hidden_size: int, max_tokens: int | None = None, ids: Sequence[int] | None = None
-) -> Taps | None:
+def attach(model: Any, hidden_size: int, max_tokens: int, ids: Sequence[int] | None = None) -> Taps | None:
     """Register the taps on `model` (before compilation) for `ids` (None: every boundary of its
     layers) on this rank's layers; None when it has no decoder layers. The holder of the layers is
     the module whose aux ids are set (a multimodal model's language model, not its tower).
-    `max_tokens`: the rows a tap keeps (default: VLLMHOTFIX_VERIFY_TOKENS)."""
+    `max_tokens`: the rows a tap keeps (the command's VLLMHOTFIX_VERIFY_TOKENS)."""
     found = [(module, found) for module in model.modules() if (found := _layer_list(module))]
     if not found:
         return None
@@ -234,10 +234,6 @@ def attach(
     if end <= start:
         return None
     wanted = range(start, end + 1) if ids is None else [int(i) for i in ids if start <= int(i) <= end]
-    if max_tokens is None:
-        from vllm_hotfix.verify import settings
-
-        max_tokens = settings.read().tokens
     taps = Taps(holder, start, end - start, list(wanted), max_tokens, hidden_size)
     for layer_id, row in taps.rows.items():
         if layer_id == start:
