@@ -157,7 +157,7 @@ if SILENT_RANK:
         original = module.Recorder.write
 
         def write(self, *args, **kwargs):
-            if self.ranks["tp"] == int(SILENT_RANK):
+            if self.facts["tp"] == int(SILENT_RANK):
                 return None
             return original(self, *args, **kwargs)
 
