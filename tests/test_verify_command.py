@@ -13,6 +13,7 @@ tests/test_verify.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
 from vllm_hotfix import cli, own_engine, report
-from vllm_hotfix.cli_output import Parser
+from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
 from vllm_hotfix.verify import command, outcome
 from vllm_hotfix.verify.outcome import World, judge
 
@@ -439,6 +440,17 @@ def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:
         command.check_ids([2, 62], 61)
     with pytest.raises(command.CommandError, match=r"\[-1\]"):
         command.check_ids([-1], 61)
+
+
+def test_ids_in_any_order_are_worked_in_vllms_order_and_said() -> None:
+    # vLLM captures by membership inside the layer loop: slot i is the i-th smallest id
+    assert in_vllm_order([2, 5, 10]) == ([2, 5, 10], None)
+    ordered, note = in_vllm_order([5, 2, 10])
+    assert ordered == [2, 5, 10]
+    assert note and "--ids 5,2,10" in note and "ascending layer order" in note and "[2, 5, 10][i]" in note
+    assert aux_ids("10,2") == [10, 2]  # any order is accepted
+    with pytest.raises(argparse.ArgumentTypeError, match=r"aux layer ids \[2\] repeated"):
+        aux_ids("2,5,2")
 
 
 def test_the_timeout_has_a_default_that_can_be_changed() -> None:
