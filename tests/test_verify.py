@@ -228,11 +228,17 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "decode_tokens": 2,
     }
     assert found["schema"] == 3 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
-    assert found["coverage"] == {"ok": True, "not_compared": []}  # ids 1, 2, 4 each compared
+    assert found["coverage"] == {"ok": True, "not_compared": [], "partly_compared": []}  # every forward
     (rank,) = found["ranks"]
     assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
     assert {"count", "ranks_agree", "finite", "per_id"} <= set(rank) and "final" not in rank
-    assert rank["coverage"] == {"ok": True, "ids": 3, "compared": [1, 2, 4], "not_compared": []}
+    assert rank["coverage"] == {
+        "ok": True,
+        "ids": 3,
+        "compared": [1, 2, 4],
+        "not_compared": [],
+        "partly_compared": [],
+    }
     assert max(rank["tokens"]) >= 40, rank["tokens"]  # the 40-token prompts' prefill was checked
     assert found["ignored_reports"] == 0 and found["caveats"] == [] and found["load_format"] == "auto"
 

@@ -13,6 +13,7 @@ tests/test_verify.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -23,8 +24,9 @@ import pytest
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
 from vllm_hotfix import cli, own_engine, report
-from vllm_hotfix.cli_output import Parser
+from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
 from vllm_hotfix.verify import command, outcome
+from vllm_hotfix.verify.checks import StepCheck
 from vllm_hotfix.verify.outcome import World, judge
 
 RUN = "this-run"
@@ -89,11 +91,12 @@ def test_an_id_not_compared_is_not_a_pass() -> None:
     reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
     done = judge(reports, RUN, World(2))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
-    assert done.reason == "rank 0 (pid 100): UNKNOWN (ids 1 not compared on any forward)"
+    assert done.reason == "rank 0 (pid 100): UNKNOWN (id 1 not compared on any forward)"
     assert f"rank 1 (pid 101): id 1 not compared on any forward: {why}" in done.problems
     assert outcome.coverage(reports) == {
         "ok": False,
         "not_compared": [{"id": 1, "ranks": [0, 1], "why": why}],
+        "partly_compared": [],
     }
     # a PASS that does not say what it compared (a report of another version, a harness) is no PASS
     bare = worker()
@@ -101,7 +104,51 @@ def test_an_id_not_compared_is_not_a_pass() -> None:
     done = judge([bare], RUN, World(1))
     assert done.exit_code == 2 and "does not say that every requested id was compared" in done.reason
     assert outcome.coverage([worker(), bare])["ok"] is False and outcome.coverage([])["ok"] is False
-    assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {"ok": True, "not_compared": []}
+    assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {
+        "ok": True,
+        "not_compared": [],
+        "partly_compared": [],
+    }
+
+
+def _step(tokens: int, *statuses: str) -> StepCheck:
+    """A forward of `tokens` tokens whose ids (1, 2, ...) were judged `statuses`."""
+    step = StepCheck(tokens, True, "ok")
+    step.per_id = [
+        {"id": i, "status": s, "max_rel_diff": 0.0 if s == "ok" else None, "tolerance": 1e-4, "reference": ""}
+        | ({} if s == "ok" else {"why": f"id {i} not tapped here"})
+        for i, s in enumerate(statuses, 1)
+    ]
+    return step
+
+
+def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
+    """An id compared on some forwards and not others: the PASS reason and the JSON count them; an
+    id compared on no forward of some size is a problem (that size is unproven for it)."""
+    facts = {"run_id": RUN, "pid": 100, "host": "node", "tp": 0, "tp_world": 1, "ids": [1, 2]}
+    every = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "ok")])
+    assert every["coverage"]["partly_compared"] == [] and every["verdict"] == "PASS"
+    assert judge([every], RUN, World(1)).reason.startswith("every forward of the 1 worker")
+    partly = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "n/a"), _step(40, "ok", "ok")])
+    assert partly["verdict"] == "PASS" and partly["coverage"]["ok"]
+    assert partly["coverage"]["partly_compared"] == [
+        {"id": 2, "checked": 3, "not_compared": 1, "why": "id 2 not tapped here"}
+    ]
+    done = judge([partly], RUN, World(1))
+    assert (done.verdict, done.exit_code) == ("PASS", 0)
+    assert "not every id was compared on every forward: id 2 on 1 of 3 forwards (id 2 not tapped here)" in (
+        done.reason
+    )
+    assert outcome.coverage([partly])["partly_compared"][0]["ranks"] == [0]
+    gap = outcome.summary(facts, [_step(16, "ok", "ok"), _step(40, "ok", "n/a")])
+    assert gap["verdict"] == "UNKNOWN" and not gap["coverage"]["ok"]
+    assert gap["coverage"]["not_compared"] == [{"id": 2, "why": "id 2 not tapped here", "tokens": [40]}]
+    done = judge([gap], RUN, World(1))
+    assert done.exit_code == 2
+    assert done.reason == "rank 0 (pid 100): UNKNOWN (id 2 not compared on any forward of [40] tokens)"
+    assert "rank 0 (pid 100): id 2 not compared on any forward of [40] tokens: id 2 not tapped here" in (
+        done.problems
+    )
 
 
 def test_a_rank_error_is_not_a_pass() -> None:
@@ -439,6 +486,17 @@ def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:
         command.check_ids([2, 62], 61)
     with pytest.raises(command.CommandError, match=r"\[-1\]"):
         command.check_ids([-1], 61)
+
+
+def test_ids_in_any_order_are_worked_in_vllms_order_and_said() -> None:
+    # vLLM captures by membership inside the layer loop: slot i is the i-th smallest id
+    assert in_vllm_order([2, 5, 10]) == ([2, 5, 10], None)
+    ordered, note = in_vllm_order([5, 2, 10])
+    assert ordered == [2, 5, 10]
+    assert note and "--ids 5,2,10" in note and "ascending layer order" in note and "[2, 5, 10][i]" in note
+    assert aux_ids("10,2") == [10, 2]  # any order is accepted
+    with pytest.raises(argparse.ArgumentTypeError, match=r"aux layer ids \[2\] repeated"):
+        aux_ids("2,5,2")
 
 
 def test_the_timeout_has_a_default_that_can_be_changed() -> None:

@@ -108,6 +108,7 @@ def test_a_window_of_compared_ids_passes_with_full_coverage() -> None:
         "ids": 4,
         "compared": IDS,
         "not_compared": [],
+        "partly_compared": [],
     }
 
 

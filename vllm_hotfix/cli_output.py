@@ -77,4 +77,28 @@ def seconds(text: str) -> float:
     return value
 
 
-aux_ids = numbers("aux layer ids", 0)
+_numbers = numbers("aux layer ids", 0)
+
+
+def aux_ids(text: str) -> list[int]:
+    """An argparse type: aux layer ids, each once (vLLM captures by membership: a repeated id is
+    one state, so the files would hold fewer ids than the list names)."""
+    ids = _numbers(text)
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(f"{text!r}: aux layer ids {repeated} repeated; name each once")
+    return ids
+
+
+def in_vllm_order(ids: list[int]) -> tuple[list[int], str | None]:
+    """The ids in the order vLLM returns their states (ascending layer), and a note when the user's
+    order differs: every release captures by a membership test inside the layer loop, so slot i of
+    the states (and of the files `extract_hidden_states` writes) is the i-th smallest id."""
+    ordered = sorted(ids)
+    if ordered == ids:
+        return ordered, None
+    return ordered, (
+        f"--ids {','.join(map(str, ids))}: vLLM returns aux states in ascending layer order, whatever"
+        f" order the config lists; slot i of the states is layer {ordered}[i], and this run works in"
+        " that order"
+    )

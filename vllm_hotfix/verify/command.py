@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vllm_hotfix import exit_codes, own_engine
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, numbers
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order, numbers
 from vllm_hotfix.errors import one_line
 from vllm_hotfix.own_engine import CommandError, writable
 from vllm_hotfix.verify import inductor_order, runtime
@@ -290,7 +290,10 @@ class Run:
             layers = int(config.hf_text_config.num_hidden_layers)
             if args.ids:
                 check_ids(args.ids, layers)
-            plan.ids = args.ids or default_ids(layers)
+                plan.ids, note = in_vllm_order(args.ids)
+                plan.notes += [note] if note else []
+            else:
+                plan.ids = default_ids(layers)
             engine.speculative_config = {
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,

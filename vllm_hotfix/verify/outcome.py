@@ -77,14 +77,27 @@ def combine(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _over_forwards(checks: list[StepCheck], position: int, layer_id: int) -> dict[str, Any]:
     """An id over the forwards: FAIL if one failed it, else ok if one compared it (the entry with
-    the largest difference), else n/a (the first forward's why)."""
-    steps = [c.per_id[position] for c in checks if len(c.per_id) > position]
+    the largest difference), else n/a (the first forward's why); `forwards` counts the forwards
+    that judged it and those on which it was not compared, `gaps` names the forward sizes (tokens)
+    on none of whose forwards it was compared."""
+    steps = [(c.tokens, c.per_id[position]) for c in checks if len(c.per_id) > position]
     if not steps:
         return {"id": layer_id, "status": "n/a", "max_rel_diff": None, "tolerance": None, "reference": ""} | {
-            "why": "no forward compared it"
+            "why": "no forward compared it",
+            "forwards": {"checked": 0, "not_compared": 0},
+            "gaps": [],
         }
-    compared = [e for e in steps if e["status"] == FAIL] or [e for e in steps if e["status"] == "ok"]
-    return dict(max(compared, key=lambda e: float(e["max_rel_diff"] or 0.0)) if compared else steps[0])
+    entries = [e for _, e in steps]
+    compared = [e for e in entries if e["status"] == FAIL] or [e for e in entries if e["status"] == "ok"]
+    found = dict(max(compared, key=lambda e: float(e["max_rel_diff"] or 0.0)) if compared else entries[0])
+    skipped = [e for e in entries if e["status"] not in ("ok", FAIL)]
+    sizes = {tokens for tokens, _ in steps}
+    seen = {tokens for tokens, e in steps if e["status"] in ("ok", FAIL)}
+    found["forwards"] = {"checked": len(steps), "not_compared": len(skipped)}
+    found["gaps"] = sorted(sizes - seen) if seen else []
+    if skipped and compared:
+        found["why"] = found.get("why") or skipped[0].get("why")
+    return found
 
 
 def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
@@ -93,11 +106,23 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
     entries = [_over_forwards(checks, position, layer_id) for position, layer_id in enumerate(ids)]
     compared = [e["id"] for e in entries if e["status"] in ("ok", FAIL)]
     missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in ("ok", FAIL)]
+    # an id compared on some forwards but on no forward of some size: that size is unproven for it
+    missing += [
+        {"id": e["id"], "why": e.get("why"), "tokens": e["gaps"]}
+        for e in entries
+        if e["status"] in ("ok", FAIL) and e["gaps"]
+    ]
+    partly = [
+        {"id": e["id"], **e["forwards"], "why": e.get("why")}
+        for e in entries
+        if e["status"] in ("ok", FAIL) and not e["gaps"] and e["forwards"]["not_compared"]
+    ]
     coverage = {
         "ok": bool(checks) and not missing,
         "ids": len(ids),
         "compared": compared,
         "not_compared": missing,
+        "partly_compared": partly,
     }
     count_bad = next((c for c in checks if not c.count_ok), None)
     errors = [error for check in checks for error in check.errors]
@@ -178,14 +203,16 @@ def _problems_of(report: dict[str, Any]) -> list[str]:
     coverage = report.get("coverage")
     missing = (coverage.get("not_compared") or []) if isinstance(coverage, dict) else []
     note = report.get("note")
+    sizes = [f" of {m['tokens']} tokens" if m.get("tokens") else "" for m in missing]
+    said = [f"id {m.get('id')} not compared on any forward{n}" for m, n in zip(missing, sizes, strict=True)]
     if report.get("verdict") != PASS:
         if not note and missing:
-            note = "ids " + ", ".join(str(m.get("id")) for m in missing) + " not compared on any forward"
+            note = "; ".join(said)
         found.append(f"{name}: {report.get('verdict')}" + (f" ({note})" if note else ""))
     elif not isinstance(coverage, dict) or (not coverage.get("ok") and not missing):
         found.append(f"{name}: its report does not say that every requested id was compared")
     if not report.get("note"):  # coverage is the reason: say why each id was not compared
-        found += [f"{name}: id {m.get('id')} not compared on any forward: {m.get('why')}" for m in missing]
+        found += [f"{name}: {what}: {m.get('why')}" for m, what in zip(missing, said, strict=True)]
     return found
 
 
@@ -234,23 +261,34 @@ def judge(
     if problems:
         return Outcome(UNKNOWN, exit_codes.INCOMPLETE, problems[0], ours, ignored, problems)
     reason = f"every forward of the {world.processes} worker process(es) was checked and passed"
+    partly = {
+        (p["id"], p["not_compared"], p["checked"], p["why"])
+        for r in ours
+        for p in (r.get("coverage") or {}).get("partly_compared") or []
+    }
+    if partly:
+        counted = "; ".join(
+            f"id {i} on {n} of {of} forwards ({why})" for i, n, of, why in sorted(partly, key=repr)
+        )
+        reason = f"every forward checked passed; not every id was compared on every forward: {counted}"
     return Outcome(PASS, exit_codes.OK, reason, ours, ignored, problems)
 
 
 def coverage(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Over every report of the run: `ok` when each says every requested id was compared on at
-    least one of its checked steps; `not_compared`: per id, the ranks that did not and why."""
+    least one checked forward of every size; `not_compared`: per id, the ranks that did not and why;
+    `partly_compared`: per id, the ranks that skipped it on some forwards, how many, and why."""
     missing: dict[Any, dict[str, Any]] = {}
+    partly: dict[Any, dict[str, Any]] = {}
     ok = bool(reports)
     for report in reports:
         found = report.get("coverage")
         ok = ok and isinstance(found, dict) and bool(found.get("ok"))
-        for entry in (found.get("not_compared") or []) if isinstance(found, dict) else []:
-            row = missing.setdefault(
-                entry.get("id"), {"id": entry.get("id"), "ranks": [], "why": entry.get("why")}
-            )
-            row["ranks"].append(report.get("rank"))
-    return {"ok": ok, "not_compared": list(missing.values())}
+        for key, rows in (("not_compared", missing), ("partly_compared", partly)):
+            for entry in (found.get(key) or []) if isinstance(found, dict) else []:
+                row = rows.setdefault(entry.get("id"), {**entry, "ranks": []})
+                row["ranks"].append(report.get("rank"))
+    return {"ok": ok, "not_compared": list(missing.values()), "partly_compared": list(partly.values())}
 
 
 def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
