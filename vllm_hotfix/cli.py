@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
 import sys
@@ -162,16 +163,28 @@ def _days(text: str) -> float:
     return value
 
 
+DESCRIPTION = """\
+Run-time repairs of vLLM's aux hidden states: what they decide for the vLLM here (status), a
+pre-flight check of a model's aux states (verify), an audit of a dataset of aux states already made
+(audit), the site hook's install and removal, and the cleaning of generated sources.
+
+Exit codes, the same for every command: 0 ok, 1 wrong, 2 not everything could be checked or
+decided, 3 the command or vLLM failed, 4 usage error."""
+
+# The site hook is a .pth file, not a sitecustomize module: the commands' old names still run, unlisted.
+OLD_NAMES = {"install-sitecustomize": "install-site-hook", "uninstall-sitecustomize": "uninstall-site-hook"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix._version import __version__
     from vllm_hotfix.decisions import PROBLEMS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
     parser = Parser(
-        prog="vllm-hotfix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vllm-hotfix", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--version", action="version", version=f"vllm-hotfix {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"vllm-hotfix {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
     status = commands.add_parser(
         "status",
@@ -221,20 +234,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit_command.add_parser(commands)
 
-    # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
-    for name, old_name, run, verb in (
-        ("install-site-hook", "install-sitecustomize", _install, "write"),
-        ("uninstall-site-hook", "uninstall-sitecustomize", _uninstall, "remove"),
+    old_names = {new: old for old, new in OLD_NAMES.items()}
+    for name, run, verb in (
+        ("install-site-hook", _install, "write"),
+        ("uninstall-site-hook", _uninstall, "remove"),
     ):
-        sub = commands.add_parser(
-            name,
-            aliases=[old_name],
-            help=f"{verb} the site hook (a .pth file) that arms vllm-hotfix in every Python process"
-            f" ({old_name}: the old name of this command)",
-        )
-        sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
-        sub.set_defaults(run=run)
+        what = f"{verb} the site hook (a .pth file) that arms vllm-hotfix in every Python process"
+        listed = commands.add_parser(name, description=what, help=what)
+        # the old name gets no `help`: argparse then leaves it out of the list of commands
+        for sub in (listed, commands.add_parser(old_names[name], description=what)):
+            sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
+            sub.set_defaults(run=run)
     return parser
+
+
+def _choices(parser: argparse.ArgumentParser) -> list[str]:
+    """Every command name, old names included."""
+    found = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return list(found[0].choices)
+
+
+def _unknown_command(parser: argparse.ArgumentParser, head: list[str]) -> str | None:
+    """The usage error for a word that is not a command: "did you mean" the closest of ours, else
+    the list of commands (old names left out, as in the help); None for a command."""
+    word = next((arg for arg in head if not arg.startswith("-")), None)
+    if word is None or word in _choices(parser):
+        return None
+    listed = [name for name in _choices(parser) if name not in OLD_NAMES]
+    close = difflib.get_close_matches(word, listed, n=1, cutoff=0.6)
+    if close:
+        return f"argument COMMAND: invalid choice: '{word}': did you mean '{close[0]}'?"
+    return f"argument COMMAND: invalid choice: '{word}' (choose from {', '.join(listed)})"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -242,6 +272,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     Parser.json_requested = "--json" in head  # usage errors then print a JSON document too
     parser = build_parser()
+    unknown = _unknown_command(parser, head)
+    if unknown is not None:
+        parser.error(unknown)
     args, extra = parser.parse_known_args(head)
     if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
         if extra or tail:
