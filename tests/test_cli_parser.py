@@ -5,6 +5,7 @@ names still run, unlisted."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,18 @@ def test_the_old_names_still_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--site-dir /no/such/dir" in capsys.readouterr().err
     assert run("uninstall-sitecustomize", "--help") == exit_codes.OK
     assert "site hook" in capsys.readouterr().out
+
+
+def test_a_file_given_as_the_site_directory_is_called_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "site-packages"
+    a_file.write_text("")
+    assert run("install-site-hook", "--site-dir", str(a_file)) == exit_codes.USAGE
+    assert f"--site-dir {a_file}: a file, not a directory" in capsys.readouterr().err
+
+
+def test_clean_refuses_an_age_with_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """--all removes whatever the age: an age given too would be ignored silently."""
+    assert run("clean", "--days", "5", "--all") == exit_codes.USAGE
+    assert "argument --all: not allowed with argument --days" in capsys.readouterr().err

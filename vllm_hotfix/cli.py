@@ -93,6 +93,8 @@ def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
 def _site_dir(given: str | None) -> str:
     """--site-dir, checked before anything is written: an existing, writable directory."""
     directory = given or site_hook.default_site_dir()
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"--site-dir {directory}: a file, not a directory")
     if not os.path.isdir(directory):
         raise UsageError(f"--site-dir {directory}: no such directory")
     if not os.access(directory, os.W_OK):
@@ -215,13 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
         " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 2 when a place could not be"
         " checked or a file could not be removed.",
     )
-    clean_cmd.add_argument(
+    age = clean_cmd.add_mutually_exclusive_group()  # --all ignores an age: both are a usage error
+    age.add_argument(
         "--days",
         type=_days,
         default=DEFAULT_DAYS,
         help=f"remove files not used for this many days (default {DEFAULT_DAYS:g})",
     )
-    clean_cmd.add_argument("--all", action="store_true", help="remove them whatever their age")
+    age.add_argument("--all", action="store_true", help="remove them whatever their age")
     clean_cmd.add_argument(
         "--dry-run", action="store_true", help="list what would be removed; remove nothing"
     )
