@@ -6,7 +6,8 @@ workflow on the very files it publishes:
     python -m harness.dist_checks [--install] DIST_DIR
 
 `--install` also installs the wheel, with its dependencies from the package index, into a fresh
-venv and runs `vllm-hotfix status` there. Exits 1 and lists every problem found.
+venv and runs `vllm-hotfix status` there (no vLLM: one line naming that venv's Python, exit 2).
+Exits 1 and lists every problem found.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ ENTRY_POINTS = {
     "vllm.general_plugins": {"vllm_hotfix": "vllm_hotfix.plugin:register"},
 }
 REQUIRES_DIST = ["wrapt>=1.14"]
+REPOSITORY = "https://github.com/vllm-hotfix/vllm-hotfix"
+PROJECT_URLS = ("Repository", "Documentation", "Changelog", "Issues")  # pyproject.toml's [project.urls]
 NOT_SHIPPED = ("tests/", "harness/", "gpu/", "benchmarks/", "scripts/", ".ci/", ".github/", "docs/")
 
 
@@ -63,6 +66,9 @@ def _metadata_problems(text: str, where: str) -> list[str]:
         for key, value in expected.items()
         if meta.get(key) != value
     ]
+    urls = dict(entry.split(", ", 1) for entry in meta.get_all("Project-URL") or [])
+    if set(urls) != set(PROJECT_URLS) or not all(urls[k].startswith(REPOSITORY) for k in urls):
+        problems.append(f"{where}: Project-URL is {urls}, expected {PROJECT_URLS} under {REPOSITORY}")
     requires = meta.get_all("Requires-Dist")
     if requires != REQUIRES_DIST:
         problems.append(f"{where}: Requires-Dist is {requires}, expected {REQUIRES_DIST}")
@@ -182,17 +188,26 @@ def status_problems(python: str, work: Path) -> list[str]:
     if not script.exists():
         return [f"no console script at {script}"]
     env = clean_environ()
-    done = subprocess.run([str(script), "status"], capture_output=True, text=True, cwd=work, env=env)
     problems = []
-    if done.returncode != 0:
-        problems.append(f"`vllm-hotfix status` exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    lines = done.stdout.splitlines()
-    if not lines or not lines[0].startswith(f"vllm-hotfix {version()} "):
-        problems.append(f"`vllm-hotfix status` does not start with its version:\n{done.stdout}")
-    if "vLLM: not installed (not imported)" not in lines:
-        problems.append(f"`vllm-hotfix status` does not say vLLM is not installed:\n{done.stdout}")
-    if done.stdout.count("reason: vLLM is not installed: nothing to fix") < 2:
-        problems.append(f"`vllm-hotfix status` does not give each fix's reason:\n{done.stdout}")
+    # No vLLM in the venv: one line that names the venv's Python, exit 2 (not everything decided)
+    done = subprocess.run([str(script), "status"], capture_output=True, text=True, cwd=work, env=env)
+    said = f"vllm-hotfix status: no vLLM importable by {python}:"
+    if done.returncode != 2 or len(done.stdout.splitlines()) != 1 or not done.stdout.startswith(said):
+        problems.append(
+            f"`vllm-hotfix status` exited {done.returncode}, not 2 with one line naming {python}:"
+            f"\n{done.stdout}\n{done.stderr}"
+        )
+    as_json = [str(script), "status", "--json"]
+    done = subprocess.run(as_json, capture_output=True, text=True, cwd=work, env=env)
+    try:
+        document = json.loads(done.stdout)
+    except ValueError:
+        return [*problems, f"`vllm-hotfix status --json` printed no JSON document:\n{done.stdout}"]
+    if document.get("hotfix_version") != version():
+        problems.append(f"`vllm-hotfix status --json` says version {document.get('hotfix_version')}")
+    reasons = {fix["reason"] for fix in document.get("fixes", [])}
+    if reasons != {"vLLM is not installed: nothing to fix"}:
+        problems.append(f"`vllm-hotfix status --json` does not give each fix's reason: {reasons}")
     loader = subprocess.run([python, "-c", PLUGIN_LOADER], capture_output=True, text=True, cwd=work, env=env)
     if loader.returncode != 0:
         return [*problems, f"loading the plugin entry point failed:\n{loader.stderr}"]

@@ -47,20 +47,20 @@ def expected_status(
     """The decision `vllm_hotfix.status()` must report for every registered fix in a process running
     `dist` `version`, where the modules `imported` were imported and the fixes `disabled` disabled.
 
-    A fix whose module was imported is decided: disabled, else its declared verdict (for a release
-    after the range of a bug upstream has not fixed, its probe's verdict on the stored source). One
-    whose module was not imported is pending, or not affected where the release has no such module
-    (read from the stored sources) and the fix says a missing target predates the bug.
+    A disabled fix is disabled, its module imported or not. A fix whose module was imported is
+    decided: its declared verdict (for a release after the range of a bug upstream has not fixed,
+    its probe's verdict on the stored source). One whose module was not imported is pending, or not
+    affected where the release has no such module (read from the stored sources) and the fix says a
+    missing target predates the bug.
     """
     imported, disabled = set(imported), set(disabled)
     found = {}
     for fix in ALL_FIXES:
         stored = case(fix, dist, version)
-        if fix.module in imported:
-            if fix.fix_id in disabled:
-                decision = Decision.DISABLED
-            else:
-                decision = expected_verdict(fix, version) or stored_verdict(fix, stored)
+        if fix.fix_id in disabled:
+            decision = Decision.DISABLED
+        elif fix.module in imported:
+            decision = expected_verdict(fix, version) or stored_verdict(fix, stored)
         elif fix.absent is Decision.NOT_AFFECTED and not stored.module:
             decision = Decision.NOT_AFFECTED
         else:

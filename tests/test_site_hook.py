@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -40,8 +41,10 @@ def test_disable_makes_the_hook_import_nothing(hooked: str) -> None:
 
 def test_status_and_uninstall_remove_exactly_the_hook(tmp_path: Path) -> None:
     python = make_venv(tmp_path / "venv")
-    status = hotfix_cli(python, "-m", "vllm_hotfix", "status", "--no-probe")
-    assert "vllm_hotfix_site_hook.pth" in status.stdout and "vLLM: not installed" in status.stdout
+    status = hotfix_cli(python, "-m", "vllm_hotfix", "status", "--json", "--no-probe")
+    document = json.loads(status.stdout)  # no vLLM in this venv: exit 2, the text is one line
+    assert status.returncode == 2 and document["vllm_installed"] is None
+    assert document["site_hook"].endswith("vllm_hotfix_site_hook.pth")
     site = next((tmp_path / "venv").glob("lib/python*/site-packages"))
     before = sorted(p.name for p in site.iterdir())
     done = hotfix_cli(python, "-m", "vllm_hotfix", "uninstall-site-hook")

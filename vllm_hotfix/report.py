@@ -28,15 +28,46 @@ def _module_exists(name: str) -> bool:
     return False
 
 
+def vllm_found() -> bool:
+    """Whether this Python finds vLLM on its path (imported or not)."""
+    # PathFinder, not importlib.util.find_spec: looking vLLM up must not fire the import trigger
+    return "vllm" in sys.modules or PathFinder.find_spec("vllm") is not None
+
+
+def no_vllm() -> str:
+    """The one line `vllm-hotfix status` says when this Python has no vLLM: most often the hotfix
+    was installed into another environment than vLLM's, so it names the Python it looked in."""
+    return (
+        f"vllm-hotfix status: no vLLM importable by {sys.executable}: install vllm-hotfix into the"
+        " environment that runs vLLM, with that environment's Python (`python -m pip install"
+        " <vllm-hotfix>`), and run `python -m vllm_hotfix status` there"
+    )
+
+
+def cache_status() -> dict[str, Any]:
+    """The cache directory generated sources go to, whether it is usable now (store.check: nothing
+    is created), and the place they would go to instead (None: none is usable)."""
+    from vllm_hotfix import patching, store
+
+    places = patching.generated_dirs()
+    problems = [store.check(place) for place in places]
+    usable = [place.path for place, problem in zip(places, problems, strict=True) if problem is None]
+    used = usable[0] if usable else None
+    return {"path": places[0].path, "usable": problems[0] is None, "problem": problems[0], "used": used}
+
+
 def fix_statuses() -> list[dict[str, Any]]:
     records = engine.records()
-    # PathFinder, not importlib.util.find_spec: looking vLLM up must not fire the import trigger
-    vllm_present = "vllm" in sys.modules or PathFinder.find_spec("vllm") is not None
+    vllm_present = vllm_found()
+    found = settings_mod.read_settings(FIX_IDS)
     rows = []
     for fix in ALL_FIXES:
         record = records.get(fix.fix_id)
         if record is not None:
             decision, reason = record.decision, record.reason
+        elif found.is_disabled(fix.fix_id):  # what the fix decides once its module is imported
+            decision = Decision.DISABLED
+            reason = f"{settings_mod.DISABLE_VAR}={os.environ.get(settings_mod.DISABLE_VAR, '')}"
         elif not vllm_present:
             decision, reason = Decision.PENDING, "vLLM is not installed: nothing to fix"
         elif fix.absent is Decision.NOT_AFFECTED and not _module_exists(fix.module):
@@ -85,6 +116,7 @@ def process_status() -> dict[str, Any]:
         "hotfix_version": __version__,
         "pid": os.getpid(),
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "vllm_loaded": loaded.text if loaded else None,
         "vllm_installed": installed.text if installed else None,
         "armed": engine.is_armed(),
@@ -94,6 +126,7 @@ def process_status() -> dict[str, Any]:
             "problems": list(found.problems),
         },
         "site_hook": site_hook.installed_path(),
+        "cache_dir": cache_status(),
         "verify": verify_status(),
         "fixes": fix_statuses(),
     }
@@ -108,15 +141,37 @@ def settings_problems(status: dict[str, Any]) -> list[str]:
     return found
 
 
+def cache_line(cache: dict[str, Any]) -> str:
+    """The cache directory, and where generated sources go instead when it is not usable."""
+    if cache["usable"]:
+        return f"cache directory: {cache['path']} (usable)"
+    instead = (
+        f"generated sources go to {cache['used']}"
+        if cache["used"]
+        else "no place is usable: compile caches cannot tell a fix apart"
+    )
+    return (
+        f"cache directory: {cache['path']} NOT usable ({cache['problem']}); {instead};"
+        f" set {settings_mod.CACHE_DIR_VAR} to a directory of yours"
+    )
+
+
 def format_text(status: dict[str, Any]) -> str:
     settings = status["settings"]
     lines = [
-        f"vllm-hotfix {status['hotfix_version']} (pid {status['pid']}, Python {status['python']})",
+        f"vllm-hotfix {status['hotfix_version']} (pid {status['pid']}, Python {status['python']}:"
+        f" {status['python_executable']})",
         f"vLLM: {status['vllm_loaded'] or status['vllm_installed'] or 'not installed'}"
         + ("" if status["vllm_loaded"] else " (not imported)"),
-        f"armed: {'yes' if status['armed'] else 'no'}",
+        f"armed: {'yes' if status['armed'] else 'no'}"
+        + (
+            f"; every fix is disabled ({settings_mod.DISABLE_VAR})"
+            if all(fix["decision"] == Decision.DISABLED.value for fix in status["fixes"])
+            else ""
+        ),
         f"{settings_mod.DISABLE_VAR}={settings[settings_mod.DISABLE_VAR] or ''}"
         f"  {settings_mod.STRICT_VAR}={'on' if settings[settings_mod.STRICT_VAR] else 'off'}",
+        cache_line(status["cache_dir"]),
         f"site hook: {status['site_hook'] or 'not installed'}",
     ]
     lines += [f"settings problem: {problem}" for problem in settings["problems"]]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -80,6 +81,44 @@ def save(places: Sequence[Place], name: str, text: str) -> str | None:
 def problem(place: Place) -> str | None:
     """Why the last save() passed `place` over; None if it did not (or was not asked to)."""
     return _passed_over.get(place.path)
+
+
+def check(place: Place) -> str | None:
+    """Why `place` cannot hold generated sources now (the checks save() makes), None when it can.
+
+    Creates nothing: a missing directory is usable when the nearest one that exists is a writable
+    directory, since save() creates the rest. `vllm-hotfix status` shows it, before any fix needs it.
+    """
+    try:
+        directory = _open_place(place, create=False)
+    except (FileNotFoundError, NotADirectoryError):  # missing, or a file stands where a directory goes
+        return _creatable(place.path)
+    except Exception as error:  # every failure means "not here", as in save()
+        return f"{type(error).__name__}: {error}"
+    os.close(directory)
+    why = _not_writable(place.path)
+    return f"{place.path} is not writable ({why})" if why else None
+
+
+def _creatable(path: str) -> str | None:
+    """Why `path`, missing, could not be created; None when its nearest existing parent allows it."""
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is a file, not a directory: {path} cannot be created"
+    why = _not_writable(parent)
+    return f"{path} cannot be created: {parent} is not writable ({why})" if why else None
+
+
+def _not_writable(directory: str) -> str | None:
+    """Why nothing can be created in `directory`, found by trying (an empty directory, removed at
+    once): os.access says yes to root on a read-only or virtual file system."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vllm-hotfix-check-", dir=directory))
+    except OSError as error:
+        return f"{type(error).__name__}: {error.strerror or error}"
+    return None
 
 
 def _save_in(place: Place, name: str, data: bytes) -> None:
