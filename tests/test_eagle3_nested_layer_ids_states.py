@@ -43,9 +43,7 @@ def test_the_fix_patches_0_32_0_and_remove_restores_stock(facts) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(NESTED))
-def test_stock_v2_feeds_the_defaults_for_nested_ids_where_v1_and_the_draft_read_them(
-    facts, name
-) -> None:
+def test_stock_v2_feeds_the_defaults_for_nested_ids_where_v1_and_the_draft_read_them(facts, name) -> None:
     declared, stock = NESTED[name], facts[f"stock/{name}"]
     assert stock["v2"] is None and stock["v2_target"] == DEFAULTS  # the bug
     assert stock["v1"] == declared  # the V1 runner reads the nested ids
