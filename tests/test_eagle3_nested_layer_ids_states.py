@@ -22,8 +22,10 @@ FIX = "eagle3-nested-layer-ids"
 DECLARED = [1, 15, 28]
 FOUR = [1, 8, 15, 28]
 DEFAULTS = [2, 16, 29]  # Llama's default aux layers for a 32-layer target: (2, N // 2, N - 3)
-FORMATS = ["speculators", "eagle_config", "eagle_config_four", "dflash"]
-NESTED = {"eagle_config": DECLARED, "eagle_config_four": FOUR}
+FORMATS = ["speculators", "eagle_config", "eagle_config_four", "qwen3_eagle_config_four", "dflash"]
+NESTED = {"eagle_config": DECLARED, "eagle_config_four": FOUR, "qwen3_eagle_config_four": FOUR}
+LLAMA_DRAFT = "vllm.model_executor.models.llama_eagle3.Eagle3LlamaForCausalLM"
+QWEN3_DRAFT = "vllm.model_executor.models.qwen3_eagle3.Eagle3Qwen3ForCausalLM"
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,7 @@ def test_stock_v2_feeds_the_defaults_for_nested_ids_where_v1_and_the_draft_read_
     assert stock["v2"] is None and stock["v2_target"] == DEFAULTS  # the bug
     assert stock["v1"] == declared  # the V1 runner reads the nested ids
     assert stock["draft_aux_states"] == len(declared)  # so does the draft: its fc is sized from them
+    assert stock["draft_class"] == (QWEN3_DRAFT if name.startswith("qwen3") else LLAMA_DRAFT)
 
 
 @pytest.mark.parametrize("name", FORMATS)

