@@ -86,6 +86,7 @@ def test_releases_whose_drafts_ignore_the_nested_ids_are_not_affected(version) -
     ("old", "new", "missing"),
     [
         (TOP_LEVEL, 'layer_ids = getattr(hf_config, "aux_ids", None)', "exactly one read of the top-level"),
+        (TOP_LEVEL, f"{TOP_LEVEL}\n    {TOP_LEVEL}", "exactly one read of the top-level"),
         ("if layer_ids and isinstance(layer_ids, (list, tuple)):", "if layer_ids:", "return tuple("),
         ('dflash_config = getattr(hf_config, "dflash_config", None)',
          'eagle_config = getattr(hf_config, "dflash_config", None)', "the name `eagle_config`"),

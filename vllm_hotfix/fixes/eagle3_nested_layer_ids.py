@@ -65,13 +65,14 @@ class Shape:
         self.anchor: ast.stmt | None = None  # the getattr read, followed by the nested read
         self.early: tuple[ast.stmt, ast.stmt] | None = None  # hasattr-return + attribute read
         self.missing: list[str] = []
+        reads = 0
         for index, statement in enumerate(body):
             if same_code(statement, TOP_LEVEL):
-                self.anchor = statement
+                self.anchor, reads = statement, reads + 1
             elif same_code(statement, NO_TOP_LEVEL) and index + 1 < len(body):
                 if same_code(body[index + 1], READ_TOP_LEVEL):
-                    self.early = (statement, body[index + 1])
-        if (self.anchor is None) == (self.early is None):
+                    self.early, reads = (statement, body[index + 1]), reads + 1
+        if reads != 1:
             self.missing.append(
                 f"exactly one read of the top-level ids (`{TOP_LEVEL}`, or `{NO_TOP_LEVEL.splitlines()[0]}"
                 f" return None` then `{READ_TOP_LEVEL}`)"
