@@ -259,6 +259,32 @@ def test_the_eager_run_is_judged_by_its_own_oracle_alone() -> None:
         assert report.failed == failed
 
 
+def test_gpu_check_eagle3_verdicts() -> None:
+    """gpu/check_eagle3.compare on recorded runs: passes when V2 stock captures the defaults and V2
+    patched and V1 the declared ids; fails on a run that shows no bug, a patched run on the defaults,
+    another runner, or a missing run."""
+    from gpu import check_eagle3 as g
+
+    def facts(runner: str, layers: list[int], installed: bool) -> dict:
+        return {"runner": runner, "aux_layers": layers, "draft_fc_states": 3, "fix_installed": installed,
+                "tokens": [[1] * 8, [2] * 8]}  # fmt: skip
+
+    good = {
+        g.STOCK_V2: facts(g.V2_RUNNER, g.DEFAULTS, False),
+        g.PATCHED_V2: facts(g.V2_RUNNER, g.DECLARED, True),
+        g.STOCK_V1: facts(g.V1_RUNNER, g.DECLARED, False),
+    }
+    assert g.compare(good).failed == 0
+    for label, change in (
+        (g.STOCK_V2, {"aux_layers": g.DECLARED}),  # no bug shown: V2 did not run the stock resolver
+        (g.PATCHED_V2, {"aux_layers": g.DEFAULTS}),  # the fix did not reach the runner
+        (g.PATCHED_V2, {"runner": g.V1_RUNNER}),  # vLLM fell back to V1
+        (g.STOCK_V1, {"tokens": []}),
+    ):
+        assert g.compare({**good, label: {**good[label], **change}}).failed == 1, (label, change)
+    assert g.compare({**good, g.PATCHED_V2: None}).failed == 1
+
+
 def test_gpu_check_v32_verdicts() -> None:
     torch = pytest.importorskip("torch")
     from gpu import check_v32 as g

@@ -2,8 +2,9 @@
 oracles as the hotfix's, run by the same harness, with the patched vLLM files instead.
 
 The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
-change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch: both apply to
-0.32.0), first on the child's PYTHONPATH; the repository is not on it, so vllm_hotfix cannot load.
+change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch,
+eagle3-nested-layer-ids/0.34.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the
+repository is not on it, so vllm_hotfix cannot load.
 Stock is the same function from the venv's unpatched file, in the same process
 (harness/child/upstream_stock.py), as the hotfix's tests take stock from `__wrapped__`.
 
@@ -36,7 +37,11 @@ from tests.test_shared_capture_id0_states import zoo  # noqa: F401 (a fixture, u
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("upstream-states")]
 
-PATCHES = [UPSTREAM / "deepseek-v32" / "0.32.0.patch", UPSTREAM / "shared-capture-id0" / "0.34.0.patch"]
+PATCHES = [
+    UPSTREAM / "deepseek-v32" / "0.32.0.patch",
+    UPSTREAM / "shared-capture-id0" / "0.34.0.patch",
+    UPSTREAM / "eagle3-nested-layer-ids" / "0.34.0.patch",
+]
 VENDORS = ["nvidia", pytest.param("amd", marks=pytest.mark.long)]  # amd: 0.32.0's variant, CI time
 OWN_TESTS = {  # each patch's test file, and the tests in it that stock fails
     "test_deepseek_v32_aux_hidden_states.py": {
@@ -45,6 +50,10 @@ OWN_TESTS = {  # each patch's test file, and the tests in it that stock fails
         "test_embedding_state_is_a_copy",
     },
     "test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
+    "test_eagle3_aux_layer_ids.py": {
+        "test_ids_nested_under_eagle_config",
+        "test_nested_ids_take_precedence_over_dflash_ids",
+    },
 }
 
 
@@ -63,7 +72,7 @@ def patched(site, tmp_path_factory) -> Path:
 
 
 def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patched) -> None:
-    paths = [str(patched / "tests" / "model_executor" / name) for name in sorted(OWN_TESTS)]
+    paths = [str(next((patched / "tests").rglob(name))) for name in sorted(OWN_TESTS)]
     results = {}
     for label, overlay_paths in (("stock", ()), ("patched", (str(patched),))):
         args = [testenv.script("upstream_tests"), *paths]

@@ -1,0 +1,155 @@
+"""Model Runner V2 ignores an EAGLE3 draft's aux layer ids kept under `eagle_config`
+(`get_eagle3_aux_layers_from_config`, vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, vLLM
+0.22.0 to 0.34.0; upstream has not fixed it).
+
+From 0.22.0 the V1 runner (`GPUModelRunner._get_eagle3_aux_layers_from_config`) and the EAGLE3 drafts
+(llama_eagle3.py, deepseek_eagle3.py, and qwen3_eagle3.py from 0.24.0, which size their `fc` from the
+count) read the ids from `eagle_config["eagle_aux_hidden_state_layer_ids"]` when the draft's config
+has no top-level `eagle_aux_hidden_state_layer_ids`: the form SpecForge and EAGLE checkpoints use. The
+V2 runner's resolver reads the top-level ids (and, by release, DFlash/DSpark ids and
+`eagle_config["layer_ids"]`), never that nested key, so it falls back to the target's default layers
+(2, N//2, N-3 for Llama). With three declared ids the sizes match and the draft runs on layers it was
+not trained on, with no error; the V2 runner is the default on CUDA from 0.29.0 and the only one in
+0.34.0.
+
+The fix, derived from the installed resolver, reads the nested key in the V1 runner's order of
+precedence: right after the top-level ids, before every other source (the V1 runner lets the nested
+ids win over DFlash's). Where the resolver returns early without top-level ids (0.17.0-0.23.0), that
+early return becomes the V1 runner's `getattr(..., None)` read so that the nested read is reached.
+Releases whose drafts do not read the nested key yet (before 0.22.0: there the V1 runner ignores it
+too) are `not affected`: the probe reads llama_eagle3.py for them.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Mapping
+
+from vllm_hotfix.decisions import Decision
+from vllm_hotfix.fixes.base import Fix, Probe, same_code
+
+KEY = "eagle_aux_hidden_state_layer_ids"
+DRAFT_MODULE = "vllm.model_executor.models.llama_eagle3"
+TOP_LEVEL = f'layer_ids = getattr(hf_config, "{KEY}", None)'
+NO_TOP_LEVEL = f'if not hasattr(hf_config, "{KEY}"):\n    return None'
+READ_TOP_LEVEL = f"layer_ids = hf_config.{KEY}"
+TO_TUPLE = "if layer_ids and isinstance(layer_ids, (list, tuple)):\n    return tuple(layer_ids)"
+# The V1 runner's read of the nested key, as its `if not layer_ids:` branch does it: (depth, line).
+NESTED_READ = (
+    (0, "if not layer_ids:"),
+    (1, 'eagle_config = getattr(hf_config, "eagle_config", None)'),
+    (1, "if eagle_config and isinstance(eagle_config, dict):"),
+    (2, f'layer_ids = eagle_config.get("{KEY}")'),
+)
+
+
+def reads_nested_key(tree: ast.AST) -> bool:
+    """Whether `tree` reads KEY from a mapping: `x.get(KEY...)` or `x[KEY]`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and first.value == KEY:
+                return True
+        key = node.slice if isinstance(node, ast.Subscript) else None
+        if isinstance(key, ast.Constant) and key.value == KEY:
+            return True
+    return False
+
+
+class Shape:
+    """Where the resolver reads the top-level ids (the statements the fix replaces or follows)."""
+
+    def __init__(self, function: ast.FunctionDef) -> None:
+        body = function.body
+        self.anchor: ast.stmt | None = None  # the getattr read, followed by the nested read
+        self.early: tuple[ast.stmt, ast.stmt] | None = None  # hasattr-return + attribute read
+        self.missing: list[str] = []
+        reads = 0
+        for index, statement in enumerate(body):
+            if same_code(statement, TOP_LEVEL):
+                self.anchor, reads = statement, reads + 1
+            elif same_code(statement, NO_TOP_LEVEL) and index + 1 < len(body):
+                if same_code(body[index + 1], READ_TOP_LEVEL):
+                    self.early, reads = (statement, body[index + 1]), reads + 1
+        if reads != 1:
+            self.missing.append(
+                f"exactly one read of the top-level ids (`{TOP_LEVEL}`, or `{NO_TOP_LEVEL.splitlines()[0]}"
+                f" return None` then `{READ_TOP_LEVEL}`)"
+            )
+        if not any(same_code(statement, TO_TUPLE) for statement in body):
+            self.missing.append(f"`{TO_TUPLE.splitlines()[0]} return tuple(layer_ids)`")
+        if any(
+            isinstance(node, ast.Name) and node.id == "eagle_config" and isinstance(node.ctx, ast.Store)
+            for node in ast.walk(function)
+        ):
+            self.missing.append("no other use of the name `eagle_config`")
+
+
+class Eagle3NestedLayerIds(Fix):
+    """get_eagle3_aux_layers_from_config (Model Runner V2) also reads eagle_config's aux layer ids."""
+
+    fix_id = "eagle3-nested-layer-ids"
+    title = "Model Runner V2 feeds an EAGLE3 draft the layers its eagle_config declares"
+    module = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+    owner = None
+    attribute = "get_eagle3_aux_layers_from_config"
+    affected = ("0.22.0", "0.34.0")
+    fixed_in = None
+    upstream = (
+        "none yet (vLLM issue #40551 reports worse EAGLE3 acceptance on Model Runner V2; the V1 runner"
+        " reads the nested ids from 0.22.0)"
+    )
+    related = (DRAFT_MODULE,)
+    absent = Decision.NOT_AFFECTED  # before 0.17.0 there is no V2 resolver
+
+    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
+        try:
+            function = self.parse_function(source)
+        except (SyntaxError, ValueError) as error:
+            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        if reads_nested_key(function):
+            return Probe(Decision.FIXED_UPSTREAM, f'the resolver reads `eagle_config["{KEY}"]`')
+        shape = Shape(function)
+        if shape.missing:
+            missing = "; ".join(shape.missing)
+            return Probe(Decision.UNKNOWN, f"not the known shape of the V2 resolver; missing: {missing}")
+        if shape.early is not None:
+            # The early-return form predates the drafts' nested read in some releases: ask the draft.
+            draft = (related or {}).get(DRAFT_MODULE)
+            if draft is None:
+                return Probe(Decision.UNKNOWN, f"{DRAFT_MODULE} could not be read")
+            try:
+                draft_tree = ast.parse(draft)
+            except SyntaxError as error:
+                return Probe(Decision.UNKNOWN, f"{DRAFT_MODULE} could not be parsed: {error}")
+            if not reads_nested_key(draft_tree):
+                return Probe(
+                    Decision.NOT_AFFECTED,
+                    f'the EAGLE3 draft does not read `eagle_config["{KEY}"]` either: both runners and the'
+                    " draft ignore the nested ids alike",
+                )
+        return Probe(
+            Decision.PATCHED,
+            f'the resolver never reads `eagle_config["{KEY}"]`, which the V1 runner and the draft read:'
+            " the target captures its default layers instead of the declared ones; fixed: read it right"
+            " after the top-level ids",
+        )
+
+    def transform_source(self, source: str) -> str:
+        text = textwrap.dedent(source)
+        function = self.parse_function(text)
+        shape = Shape(function)
+        lines = text.splitlines(keepends=True)
+        first = function.body[0]
+        indent, unit = " " * first.col_offset, " " * (first.col_offset - function.col_offset)
+        nested = [f"{indent}{unit * depth}{line}\n" for depth, line in NESTED_READ]
+        if shape.anchor is not None:  # after the top-level read
+            end = shape.anchor.end_lineno
+            assert end is not None
+            return "".join(lines[:end] + nested + lines[end:])
+        # the early return and the attribute read become the V1 runner's getattr read
+        assert shape.early is not None
+        start, end = shape.early[0].lineno, shape.early[1].end_lineno
+        assert end is not None
+        return "".join([*lines[: start - 1], f"{indent}{TOP_LEVEL}\n", *nested, *lines[end:]])
