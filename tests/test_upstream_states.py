@@ -2,8 +2,8 @@
 oracles as the hotfix's, run by the same harness, with the patched vLLM files instead.
 
 The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
-change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch: both apply to
-0.32.0), first on the child's PYTHONPATH; the repository is not on it, so vllm_hotfix cannot load.
+change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch,
+extract-next-token/0.33.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the repository is not on it, so vllm_hotfix cannot load.
 Stock is the same function from the venv's unpatched file, in the same process
 (harness/child/upstream_stock.py), as the hotfix's tests take stock from `__wrapped__`.
 
@@ -36,15 +36,22 @@ from tests.test_shared_capture_id0_states import zoo  # noqa: F401 (a fixture, u
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("upstream-states")]
 
-PATCHES = [UPSTREAM / "deepseek-v32" / "0.32.0.patch", UPSTREAM / "shared-capture-id0" / "0.34.0.patch"]
+PATCHES = [
+    UPSTREAM / "deepseek-v32" / "0.32.0.patch",
+    UPSTREAM / "shared-capture-id0" / "0.34.0.patch",
+    UPSTREAM / "extract-next-token" / "0.33.0.patch",  # 0.33.0's file is 0.32.0's
+]
 VENDORS = ["nvidia", pytest.param("amd", marks=pytest.mark.long)]  # amd: 0.32.0's variant, CI time
-OWN_TESTS = {  # each patch's test file, and the tests in it that stock fails
-    "test_deepseek_v32_aux_hidden_states.py": {
+OWN_TESTS = {  # each patch's test file (under vLLM's tests/), and the tests in it that stock fails
+    "model_executor/test_deepseek_v32_aux_hidden_states.py": {
         "test_tp2_aux_hidden_states_equal_tp1",
         "test_final_layer_state_is_the_pre_norm_residual_stream",
         "test_embedding_state_is_a_copy",
     },
-    "test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
+    "model_executor/test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
+    "v1/spec_decode/test_extract_hidden_states_next_token.py": {
+        "test_accepted_proposal_feeds_back_the_bonus_token"
+    },
 }
 
 
@@ -63,7 +70,7 @@ def patched(site, tmp_path_factory) -> Path:
 
 
 def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patched) -> None:
-    paths = [str(patched / "tests" / "model_executor" / name) for name in sorted(OWN_TESTS)]
+    paths = [str(patched / "tests" / name) for name in sorted(OWN_TESTS)]
     results = {}
     for label, overlay_paths in (("stock", ()), ("patched", (str(patched),))):
         args = [testenv.script("upstream_tests"), *paths]
@@ -72,7 +79,8 @@ def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patche
         assert result is not None, run.stderr[-4000:]
         assert result["vllm"].startswith(str(patched)) == (label == "patched"), result["vllm"]
         results[label] = result["tests"]
-    for name, failing in OWN_TESTS.items():
+    for path, failing in OWN_TESTS.items():
+        name = Path(path).name  # harness/child/upstream_tests.py reports by file name
         stock, fixed = results["stock"][name], results["patched"][name]
         assert {test for test, said in stock.items() if said != "pass"} == failing, stock
         assert set(fixed.values()) == {"pass"}, fixed
