@@ -90,3 +90,13 @@ def test_every_patch_adds_its_upstream_test_and_every_fix_without_upstream_fix_h
     newest = {fix for t in targets() if t.patch.stem == "0.34.0" for fix in t.fixes}
     unfixed = {f.fix_id for f in ALL_FIXES if f.fixed_in is None and f.module.startswith("vllm.model")}
     assert unfixed <= newest, sorted(unfixed - newest)
+
+
+def test_every_patch_has_a_pr_text_in_vllms_template_and_its_issue_text() -> None:
+    """One PR per directory: `PR.md` with vLLM's template's sections, and `ISSUE.md`, the issue it links."""
+    for directory in sorted({t.patch.parent for t in targets()}):
+        text = (directory / "PR.md").read_text(encoding="utf-8")
+        sections = [line for line in text.splitlines() if line.startswith("## ")]
+        assert sections == ["## Purpose", "## Test Plan", "## Test Result"], (directory.name, sections)
+        issue = (directory / "ISSUE.md").read_text(encoding="utf-8")
+        assert issue.startswith("# [Bug]: ") and "Describe the bug" in issue, directory.name
