@@ -15,6 +15,8 @@
 #                                     # Model Runner V2 with an EAGLE3 draft whose ids sit under
 #                                     # eagle_config: the layers the target feeds it, fix off
 #                                     # (defaults) and on (declared), and the V1 runner's
+#   bash gpu/check.sh extract-async   # extract_hidden_states under async scheduling, vllm 0.24.0:
+#                                     # sync vs async stock vs async + hotfix (extract-next-token)
 #
 # Both installs build, under GPU_CHECK_DIR (default ~/hotfix-gpu-env), the layout harness/testenv.py
 # runs: venv/ with vllm 0.24.0, vllm 0.25.0 and 0.26.0 as PYTHONPATH overlays beside it, and (online
@@ -39,5 +41,7 @@ case "${1:-}" in
     v2) exec "$ROOT/venv/bin/python" gpu/check_v2.py ;;
     v32) exec "$ROOT/venv/bin/python" gpu/check_v32.py "${@:2}" ;;
     eagle3) exec "$ROOT/venv/bin/python" gpu/check_eagle3.py "${@:2}" ;;
-    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32|eagle3 [--release R]" >&2; exit 2 ;;
+    extract-async) exec "$ROOT/venv/bin/python" gpu/check_extract_async.py ;;
+    *) echo "usage: bash gpu/check.sh install-online|install|v2|v32|eagle3 [--release R]|extract-async" >&2
+       exit 2 ;;
 esac

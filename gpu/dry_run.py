@@ -247,7 +247,7 @@ def dry_run(work: Path, bundle: Path, test_env_site: Path) -> dict:
 # Python); the V3.2 checkpoint builds; transformers and vLLM's own config loader read it.
 _CHECKS_PROBE = r"""
 import json, sys, tempfile
-import gpu.check_v2, gpu.check_v32, gpu.check_eagle3
+import gpu.check_v2, gpu.check_v32, gpu.check_eagle3, gpu.check_extract_async
 from harness.child.tiny_checkpoint import build, V32_FIELDS
 out = build(tempfile.mkdtemp(prefix="v32-ckpt-") + "/ckpt", v32=True)
 from transformers import DeepseekV3Config

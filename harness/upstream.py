@@ -28,11 +28,20 @@ class Target:
     patch: Path
     fixes: tuple[str, ...]  # the package's fix ids whose probes must then say `fixed upstream`
     releases: tuple[str, ...]  # the vLLM releases it applies to cleanly
+    after: tuple[Path, ...] = ()  # the patches of its series applied before it, in order
 
 
 def targets() -> list[Target]:
     entries = json.loads(TARGETS.read_text(encoding="utf-8"))["patches"]
-    return [Target(UPSTREAM / e["patch"], tuple(e["fixes"]), tuple(e["releases"])) for e in entries]
+    return [
+        Target(
+            UPSTREAM / e["patch"],
+            tuple(e["fixes"]),
+            tuple(e["releases"]),
+            tuple(UPSTREAM / p for p in e.get("after", ())),
+        )
+        for e in entries
+    ]
 
 
 def file_diffs(patch_text: str) -> dict[str, str]:

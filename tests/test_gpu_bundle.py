@@ -144,7 +144,7 @@ def test_the_runbook_names_only_commands_that_exist() -> None:
     modes = set(re.findall(r"^    ([\w-]+)\)", script, re.M))
     named = set(re.findall(r"bash gpu/check\.sh ([\w-]+)", runbook))
     assert named and named <= modes, named - modes
-    assert {"install", "install-online", "v2", "v32"} <= named
+    assert {"install", "install-online", "v2", "v32", "extract-async"} <= named
     source = (REPO / "gpu" / "bundle.py").read_text()
     subcommands = set(re.findall(r'add_parser\("(\w+)"', source))
     used = set(re.findall(r"python3 -m gpu\.bundle (\w+)", runbook))
@@ -383,3 +383,41 @@ def test_the_oracle_hooks_trace_into_vllms_compiled_forward(testenv, tiny_checkp
     for call in run["calls"]:  # the second hook saw the norm's output, not its input
         assert call["oracle_norm_output"].shape == call["oracle_pre_norm_sum"].shape
         assert not torch.equal(call["oracle_norm_output"], call["oracle_pre_norm_sum"])
+
+
+def _extract_run(tokens: list[int], states: list, patched: bool, sampled: list) -> dict:
+    calls = [{"received": [s], "sampled": sampled, "patched_next_token": patched} for s in states]
+    return {"result": {"ok": True, "tokens": [tokens]}, "calls": calls, "root_cause": None}
+
+
+def test_gpu_check_extract_async_verdicts() -> None:
+    """gpu/check_extract_async.compare: all PASS when patched async equals the sync run and stock's
+    tokens differ; each disagreement (patched tokens or states off, stock unbroken, no accepted
+    proposal, stock's method patched) is a FAIL."""
+    torch = pytest.importorskip("torch")
+    from gpu import check_extract_async as g
+
+    states = [torch.full((2, 4), float(v)) for v in (1, 2, 3)]
+    accepted, rejected = [[5, 6]], [[5, -1]]
+
+    def runs(**changes: object) -> dict:
+        found = {
+            g.SYNC: _extract_run([1, 2, 3], states, True, rejected),
+            g.STOCK: _extract_run([1, 2, 2], states, False, accepted),
+            g.PATCHED: _extract_run([1, 2, 3], states, True, accepted),
+        }
+        for label, run in changes.items():
+            found[{"sync": g.SYNC, "stock": g.STOCK, "patched": g.PATCHED}[label]] = run
+        return found
+
+    assert g.compare(runs()).failed == 0
+    off = [states[0], states[1] + 1, states[2]]
+    for changed in (
+        {"patched": _extract_run([1, 2, 2], states, True, accepted)},  # patched tokens wrong
+        {"patched": _extract_run([1, 2, 3], off, True, accepted)},  # a state off
+        {"patched": _extract_run([1, 2, 3], states, False, accepted)},  # stock's method ran
+        {"patched": _extract_run([1, 2, 3], states, True, rejected)},  # no proposal accepted
+        {"stock": _extract_run([1, 2, 3], states, False, accepted)},  # the bug did not show
+        {"stock": _extract_run([1, 2, 2], states, True, accepted)},  # stock ran the patched method
+    ):
+        assert g.compare(runs(**changed)).failed == 1, changed

