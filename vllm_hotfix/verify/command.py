@@ -248,7 +248,7 @@ class Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = usage_problem(args.model)
+        problem = usage_problem(args.model) or own_engine.model_flag_problem(list(args.engine_args))
         if problem:
             raise UsageError(problem)
         report_dir = args.report_dir
@@ -479,8 +479,9 @@ def add_parser(commands: Any) -> None:
         description="Starts an engine of its own with your flags (compiled, CUDA graphs off), checks"
         " every forward of a bounded workload and prints the verdict per rank and per id. Exit codes:"
         " 0 PASS, 1 FAIL, 2 not everything checked, 3 the command or vLLM failed, 4 usage error."
-        " Engine arguments (after `--`, or any flag this command does not know) go to the installed"
-        " vLLM's own parser: give it your server's flags.",
+        " Engine arguments (after `--`, or any flag this command does not know and that is not a"
+        " near miss of one of its own) go to the installed vLLM's own parser: give it your server's"
+        " flags.",
     )
     verify.error = lambda message: _usage_exit(message, verify.format_usage().strip())
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
