@@ -1,17 +1,19 @@
 """A command's own options, told apart from vLLM's engine flags before vLLM is imported: a near miss
 of one of ours (`--prompt-length 16`) is a usage error that says "did you mean", `--model` says MODEL
 is positional, and every engine flag of the test environment's vLLM releases still goes to vLLM,
-with or without `--`."""
+with or without `--`. Without vLLM, `verify` is one line and exit 3."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.testenv import NEWEST, OLDEST, TestEnv
+from harness.testenv import NEWEST, OLDEST, REPO, TestEnv, outside_checkout
 from tests.engine_flags import refused_engine_flags
 from tests.in_subprocess import run_in_subprocess
 
@@ -117,3 +119,48 @@ def test_engine_flags_go_to_vllm_with_or_without_the_separator() -> None:
 def test_no_engine_flag_of_vllm_is_taken_for_a_near_miss(testenv: TestEnv, version: str) -> None:
     facts = run_in_subprocess(testenv, refused_engine_flags, version=version)
     assert facts["flags"] > 100 and facts["refused"] == {"verify": [], "audit": []}, facts["refused"]
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(a venv's python without vLLM, a directory holding only wrapt) for a PYTHONPATH: the hotfix
+    installed into another environment than vLLM's."""
+    import wrapt
+
+    root = tmp_path_factory.mktemp("bare")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    only_wrapt = root / "only-wrapt"
+    only_wrapt.mkdir()
+    (only_wrapt / "wrapt").symlink_to(Path(wrapt.__file__).parent)
+    return str(root / "venv" / "bin" / "python"), str(only_wrapt)
+
+
+def verify_in(bare: tuple[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    python, only_wrapt = bare
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
+    return subprocess.run(
+        [python, "-m", "vllm_hotfix", "verify", *argv],
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": os.pathsep.join([str(REPO), only_wrapt])},
+        cwd=outside_checkout(),
+        timeout=120,
+    )
+
+
+def test_verify_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str], tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    done = verify_in(bare_python, str(model))
+    assert done.returncode == 3 and done.stderr == "", done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith(f"vllm-hotfix verify: no vLLM importable by {bare_python[0]}:")
+    assert "run `python -m vllm_hotfix verify` there" in line
+
+    done = verify_in(bare_python, str(model), "--json")
+    found = json.loads(done.stdout)
+    assert done.returncode == found["exit_code"] == 3 and found["reason"] == line
+    assert (found["verdict"], found["ranks"], found["report_dir"]) == ("UNKNOWN", [], None)
+    # a usage error is still one, and comes first
+    assert verify_in(bare_python, str(model), "--prompt-length", "16").returncode == 4
+    assert verify_in(bare_python, str(tmp_path / "nonesuch")).returncode == 4

@@ -76,6 +76,19 @@ def plugin_reachable() -> bool:
     return plugin or site_hook.installed_path() is not None
 
 
+class NoVllm(CommandError):
+    """This Python finds no vLLM: the command says so in one line (exit 3), and nothing else."""
+
+
+def need_vllm(command: str) -> None:
+    """NoVllm unless this Python finds vLLM; checked once the command line is known to be right,
+    before anything else the command does."""
+    from vllm_hotfix import report
+
+    if not report.vllm_found():
+        raise NoVllm(report.no_vllm(command))
+
+
 def model_flag_problem(engine_args: list[str]) -> str | None:
     """`--model` among the engine arguments (after `--`): MODEL is the command's positional."""
     if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):

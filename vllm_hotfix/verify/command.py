@@ -254,7 +254,8 @@ class Run:
         report_dir = args.report_dir
         if report_dir:
             writable(report_dir)
-        else:
+        own_engine.need_vllm(getattr(args, "command", None) or "verify")  # the command line is right
+        if not report_dir:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
         batches = sorted(set(args.batch_sizes or DEFAULT_BATCHES))
@@ -453,6 +454,11 @@ def run_with(runner: Run) -> int:
         runner.main()
     except UsageError as error:
         _usage_exit(str(error))
+    except own_engine.NoVllm as missing:  # one line (under --json the document, with it as reason)
+        if args.json:
+            runner.finish(str(missing))
+        print(missing, file=runner.stdout, flush=True)
+        return exit_codes.ERROR
     except KeyboardInterrupt:
         runner.finish(f"interrupted (Ctrl-C) while {runner.phase}")
     except Exception as error:  # CommandError says why; any other is the command's own failure
