@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from vllm_hotfix import exit_codes
@@ -40,15 +40,74 @@ def exit_usage(prog: str, message: str, as_json: bool, usage: str | None = None,
     sys.exit(exit_codes.USAGE)
 
 
+NEAR = 2  # an unknown option this close to one of the command's own is taken for a typo of it
+# vLLM engine flags within NEAR of an option of ours: they go to vLLM (tests/test_cli_options.py
+# checks this list against the parsers of the test environment's vLLM releases)
+ENGINE_FLAGS_NEAR_OURS = frozenset({"--ubatch-size"})
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of neighbours that turn `a` into `b`."""
+    rows = [list(range(len(b) + 1))] + [[i] + [0] * len(b) for i in range(1, len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            changed = a[i - 1] != b[j - 1]
+            rows[i][j] = min(rows[i - 1][j] + 1, rows[i][j - 1] + 1, rows[i - 1][j - 1] + changed)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                rows[i][j] = min(rows[i][j], rows[i - 2][j - 2] + 1)
+    return rows[len(a)][len(b)]
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the package's usage errors: exit_codes.USAGE, not argparse's 2 (which would
-    read as a verdict), and a JSON document when `--json` was asked for."""
+    read as a verdict), and a JSON document when `--json` was asked for. An unknown option that is a
+    near miss of one of the command's own, or a positional given as an option (`--model`), is a usage
+    error here, before a command that passes unknown options on (to vLLM's parser) imports vLLM."""
 
     json_requested = False  # set from the command line before parsing
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         exit_usage(self.prog, message, Parser.json_requested, self.format_usage().strip())
+
+    def parse_known_args(  # type: ignore[override]  # typeshed's overloads; same behaviour
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._subparsers is None:  # a command's parser (a parser of commands leaves it to them)
+            # before argparse's own errors: a near miss is likelier the cause than a "required"
+            problem = self.not_ours(sys.argv[1:] if args is None else list(args))
+            if problem is not None:
+                self.error(problem)
+        return super().parse_known_args(args, namespace)
+
+    def not_ours(self, words: list[str]) -> str | None:
+        """The usage error for an option word that is not one of ours but means one, None when none
+        does: a positional given as an option (`--model`), or a near miss (edit distance NEAR or
+        less) of one of our long options. Others (vLLM's engine flags) are left alone."""
+        own = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        positionals = [action for action in self._actions if not action.option_strings]
+        named = {f"--{action.dest}": action for action in positionals}
+        for given in words:
+            if given == "--":  # what follows is not an option of ours
+                break
+            word = given.split("=", 1)[0]
+            if not word.startswith("--") or word in own:
+                continue
+            if self.allow_abbrev and any(option.startswith(word) for option in own):
+                continue  # argparse takes it for ours (or says it is ambiguous)
+            if word in named:
+                form = " ".join(str(a.metavar or a.dest.upper()) for a in positionals)
+                return (
+                    f"{word}: {named[word].metavar or named[word].dest.upper()} is positional, not an"
+                    f" option: {self.prog} {form} [options]"
+                )
+            if word.replace("_", "-") in ENGINE_FLAGS_NEAR_OURS:
+                continue
+            # the closest; of those as close, one the word begins (`--js`: --json, not --ids)
+            near = sorted((edit_distance(word, o), not o.startswith(word), o) for o in own)
+            if near and near[0][0] <= NEAR:
+                return f"unrecognized argument {word}: did you mean {near[0][2]}?"
+        return None
 
 
 def numbers(what: str, least: int) -> Callable[[str], list[int]]:

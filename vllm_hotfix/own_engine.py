@@ -76,15 +76,35 @@ def plugin_reachable() -> bool:
     return plugin or site_hook.installed_path() is not None
 
 
+class NoVllm(CommandError):
+    """This Python finds no vLLM: the command says so in one line (exit 3), and nothing else."""
+
+
+def need_vllm(command: str) -> None:
+    """NoVllm unless this Python finds vLLM; checked once the command line is known to be right,
+    before anything else the command does."""
+    from vllm_hotfix import report
+
+    if not report.vllm_found():
+        raise NoVllm(report.no_vllm(command))
+
+
+def model_flag_problem(engine_args: list[str]) -> str | None:
+    """`--model` among the engine arguments (after `--`): MODEL is the command's positional."""
+    if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
+        return "--model in the engine arguments: give the model as MODEL (positional), not as --model"
+    return None
+
+
 def parse_engine_args(model: str, engine_args: list[str]) -> argparse.Namespace:
     """`vllm serve`'s own flags, parsed by the installed vLLM's parser; CommandError when it refuses
     them (its message, without argparse's exit)."""
+    refused = model_flag_problem(engine_args)
+    if refused:
+        raise CommandError(refused)
     if importlib.util.find_spec("vllm") is None:
         raise CommandError("vLLM is not installed in this Python environment: install vllm-hotfix beside it")
     from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
-
-    if any(arg == "--model" or arg.startswith("--model=") for arg in engine_args):
-        raise CommandError("give the model as MODEL, not as --model in the engine arguments")
 
     class Parser(FlexibleArgumentParser):  # type: ignore[misc]  # vLLM's class: Any here
         def error(self, message: str) -> Any:

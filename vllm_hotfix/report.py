@@ -34,13 +34,14 @@ def vllm_found() -> bool:
     return "vllm" in sys.modules or PathFinder.find_spec("vllm") is not None
 
 
-def no_vllm() -> str:
-    """The one line `vllm-hotfix status` says when this Python has no vLLM: most often the hotfix
-    was installed into another environment than vLLM's, so it names the Python it looked in."""
+def no_vllm(command: str = "status") -> str:
+    """The one line a command (`vllm-hotfix status`, `verify`, `audit`) says when this Python has no
+    vLLM: most often the hotfix was installed into another environment than vLLM's, so it names the
+    Python it looked in."""
     return (
-        f"vllm-hotfix status: no vLLM importable by {sys.executable}: install vllm-hotfix into the"
+        f"vllm-hotfix {command}: no vLLM importable by {sys.executable}: install vllm-hotfix into the"
         " environment that runs vLLM, with that environment's Python (`python -m pip install"
-        " <vllm-hotfix>`), and run `python -m vllm_hotfix status` there"
+        f" <vllm-hotfix>`), and run `python -m vllm_hotfix {command}` there"
     )
 
 

@@ -248,13 +248,14 @@ class Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = usage_problem(args.model)
+        problem = usage_problem(args.model) or own_engine.model_flag_problem(list(args.engine_args))
         if problem:
             raise UsageError(problem)
         report_dir = args.report_dir
         if report_dir:
             writable(report_dir)
-        else:
+        own_engine.need_vllm(getattr(args, "command", None) or "verify")  # the command line is right
+        if not report_dir:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
         batches = sorted(set(args.batch_sizes or DEFAULT_BATCHES))
@@ -453,6 +454,11 @@ def run_with(runner: Run) -> int:
         runner.main()
     except UsageError as error:
         _usage_exit(str(error))
+    except own_engine.NoVllm as missing:  # one line (under --json the document, with it as reason)
+        if args.json:
+            runner.finish(str(missing))
+        print(missing, file=runner.stdout, flush=True)
+        return exit_codes.ERROR
     except KeyboardInterrupt:
         runner.finish(f"interrupted (Ctrl-C) while {runner.phase}")
     except Exception as error:  # CommandError says why; any other is the command's own failure
@@ -479,8 +485,9 @@ def add_parser(commands: Any) -> None:
         description="Starts an engine of its own with your flags (compiled, CUDA graphs off), checks"
         " every forward of a bounded workload and prints the verdict per rank and per id. Exit codes:"
         " 0 PASS, 1 FAIL, 2 not everything checked, 3 the command or vLLM failed, 4 usage error."
-        " Engine arguments (after `--`, or any flag this command does not know) go to the installed"
-        " vLLM's own parser: give it your server's flags.",
+        " Engine arguments (after `--`, or any flag this command does not know and that is not a"
+        " near miss of one of its own) go to the installed vLLM's own parser: give it your server's"
+        " flags.",
     )
     verify.error = lambda message: _usage_exit(message, verify.format_usage().strip())
     verify.add_argument("model", help="a checkpoint directory or a Hugging Face model id")
