@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix.audit import command as audit_command
 
     audit_command.add_parser(commands)
+    from vllm_hotfix.audit import merge as audit_merge
+
+    audit_merge.add_parser(commands)
 
     # The site hook is a .pth file, not a sitecustomize module; the old names stay as aliases.
     for name, old_name, run, verb in (
