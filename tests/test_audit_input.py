@@ -42,6 +42,16 @@ def raw(path: Path, header: dict[str, Any], body: bytes) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here starts vLLM: where one would, it fails instead."""
+
+    def refused(run: object) -> int:
+        pytest.fail("the audit would start an engine here")
+
+    monkeypatch.setattr(audit_command.verify_command, "run_with", refused)
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
     """A checkpoint directory as far as the audit reads it before vLLM: its config.json."""
