@@ -466,3 +466,29 @@ def test_a_merge_refuses_shards_of_other_audits_and_says_a_missing_rank(
     (tmp_path / "other.json").write_text(json.dumps(other))
     code, _, err = _main(["audit-merge", str(paths[0]), str(tmp_path / "other.json")], capsys)
     assert code == 4 and "dataset" in err
+
+
+def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
+    tmp_path: Path, model: Path
+) -> None:
+    chosen = audit_command.choose(args(dataset(tmp_path), model, "--all"))
+    audit = audit_command.Audit(
+        argparse.Namespace(model=str(model), json=True, engine_args=[]), io.StringIO(), chosen
+    )
+    broken = chosen.audited[1].path
+    broken.write_bytes(b"")  # after its header was read
+
+    class Engine:
+        def __init__(self) -> None:
+            self.prompts: list[Any] = []
+
+        def generate(self, prompts: list[Any], params: Any, use_tqdm: bool) -> None:
+            self.prompts += prompts
+
+    audit.llm, audit.out = Engine(), str(tmp_path)
+    audit.workload(1000, 256, lambda **kw: kw)
+    assert len(audit.llm.prompts) == len(chosen.audited) - 1
+    rows = {r["file"]: r for r in audit.results(None)}
+    assert rows[str(broken)]["status"] == "n/a" and rows[str(broken)]["why"].startswith(
+        "unreadable token ids"
+    )

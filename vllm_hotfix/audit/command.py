@@ -212,6 +212,7 @@ class Audit(verify_command.Run):
         self.chosen = chosen
         self.out = ""
         self.max_len: int | None = None
+        self.unreadable: dict[str, str] = {}  # path -> why, files that broke after they were chosen
         self._rows: tuple[outcome_mod.Outcome | None, list[dict[str, Any]]] | None = None
         self._document: tuple[outcome_mod.Outcome | None, dict[str, Any]] | None = None
 
@@ -280,15 +281,23 @@ class Audit(verify_command.Run):
         for start in range(0, len(runnable), PROMPTS_PER_CALL):
             batch = runnable[start : start + PROMPTS_PER_CALL]
             self.phase = f"auditing files {start + 1} to {start + len(batch)} of {len(runnable)}"
-            prompts = [
-                {"prompt_token_ids": files_mod.token_ids(f)[: self.chosen.judged_tokens(f)]} for f in batch
-            ]
-            self.llm.generate(prompts, prefill, use_tqdm=False)
+            prompts = [prompt for prompt in map(self._prompt, batch) if prompt is not None]
+            if prompts:
+                self.llm.generate(prompts, prefill, use_tqdm=False)
             done += len(batch)
             if sys.stderr.isatty() and not self.args.json:
                 print(f"\rvllm-hotfix audit: {done} of {len(runnable)} files", end="", file=sys.stderr)
         if sys.stderr.isatty() and not self.args.json:
             print(file=sys.stderr)
+
+    def _prompt(self, found: files_mod.DataFile) -> dict[str, list[int]] | None:
+        """The file's prompt, read again (the command holds one batch's tokens at a time); None
+        where the file broke since it was chosen: it alone stays unjudged, with why."""
+        try:
+            return {"prompt_token_ids": files_mod.token_ids(found)[: self.chosen.judged_tokens(found)]}
+        except Exception as error:
+            self.unreadable[str(found.path)] = f"unreadable token ids: {type(error).__name__}: {error}"
+            return None
 
     # -- the judgement -------------------------------------------------------------------------
     def results(self, judged: outcome_mod.Outcome | None) -> list[dict[str, Any]]:
@@ -305,7 +314,9 @@ class Audit(verify_command.Run):
             judged_tokens = self.chosen.judged_tokens(found)
             row: dict[str, Any] = {"file": str(found.path), "status": "n/a", "per_id": []}
             row.update(tokens=found.tokens, judged_tokens=judged_tokens, dtype=found.dtype)
-            if self.max_len is not None and judged_tokens + 1 > self.max_len:
+            if str(found.path) in self.unreadable:
+                row["why"] = self.unreadable[str(found.path)]
+            elif self.max_len is not None and judged_tokens + 1 > self.max_len:
                 row["why"] = f"{judged_tokens} tokens: longer than the engine's max_model_len {self.max_len}"
             else:
                 try:
