@@ -489,6 +489,7 @@ def run(args: argparse.Namespace) -> int:
     if not chosen.audited:
         return _without_engine(args, chosen)
     args.engine_args = list(args.engine_args)
+    args.ids = chosen.ids  # the check's run works in vLLM's order too; the audit's note says it
     return verify_command.run_with(Audit(args, own_engine.keep_stdout(), chosen))
 
 

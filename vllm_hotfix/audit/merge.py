@@ -19,7 +19,7 @@ from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.cli_output import Parser, UsageError, exit_usage
 from vllm_hotfix.errors import one_line
 
-SAME = ("model", "ids")  # top-level keys every shard must share
+SAME = ("model", "ids", "precision")  # top-level keys every shard must share (precision: --tolerance)
 SAME_SELECTION = ("sample", "seed", "max_tokens", "world_size", "files_in_data")
 
 

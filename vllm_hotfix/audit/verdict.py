@@ -31,10 +31,14 @@ def verdict(
     rows: Sequence[dict[str, Any]], check: str | None, error: str | None = None
 ) -> tuple[str, int, str]:
     """(verdict, exit code, reason). `check`: the pre-flight check's verdict, None where no file
-    needed the engine; `error`: the run's own failure (exit 3)."""
+    needed the engine; `error`: the run's own failure (exit 3), as is a row marked `error` (a
+    reference that is not finite, say)."""
     count, said = counts(rows), summary(rows)
     if error:
         return UNKNOWN, exit_codes.ERROR, f"{error}; {said}"
+    broken = next((row for row in rows if row.get("error")), None)  # the run's own fault in a file's row
+    if broken is not None:
+        return UNKNOWN, exit_codes.ERROR, f"{broken.get('why')} ({broken.get('file')}); {said}"
     if count["wrong"]:
         return FAIL, exit_codes.WRONG, said
     if check is not None and check != PASS:
