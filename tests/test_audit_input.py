@@ -502,3 +502,15 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
     assert rows[str(broken)]["status"] == "n/a" and rows[str(broken)]["why"].startswith(
         "unreadable token ids"
     )
+
+
+def test_each_generate_call_fits_the_tokens_the_preflight_compares() -> None:
+    """No forward can then hold a judged token past the check's first ones, except a file longer
+    than them, alone in its call."""
+    found = [
+        files.DataFile(Path(f"{i}"), tokens=n) for i, n in enumerate([3000, 1000, 96, 1, 5000, 10, 4096])
+    ]
+    calls = list(audit_command.batches(found, lambda f: f.tokens, 4096))
+    assert [[f.tokens for f in call] for call in calls] == [[3000, 1000, 96], [1], [5000], [10], [4096]]
+    many = [files.DataFile(Path(f"{i}"), tokens=1) for i in range(130)]
+    assert [len(c) for c in audit_command.batches(many, lambda f: f.tokens, 4096)] == [64, 64, 2]

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from vllm_hotfix.verify import settings as verify_settings
 
 SCHEMA = 2  # 2: dataset, selection, estimate; ids in vLLM's order
 DEFAULT_SAMPLE = 32
-PROMPTS_PER_CALL = 64  # files' tokens the command holds at once: one generate call's prompts
+PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
 TOLERANCES = (2e-2, 1e-4)  # 16-bit, float32: the check's (verify/checks.py)
 
 
@@ -204,6 +205,25 @@ def engine_ids(ids: list[int], layers: int) -> list[int]:
     return sorted(wanted | set(ids))
 
 
+def batches(
+    found: list[files_mod.DataFile], tokens: Callable[[files_mod.DataFile], int], checked: int
+) -> Iterator[list[files_mod.DataFile]]:
+    """The files in generate calls of at most PROMPTS_PER_CALL prompts and `checked` tokens (the
+    tokens the pre-flight compares per forward): no forward of a call holds more, so every judged
+    token is one the run's own check compared, except past the first `checked` of a longer file
+    (alone in its call; worker.py counts those)."""
+    batch: list[files_mod.DataFile] = []
+    held = 0
+    for one in found:
+        if batch and (len(batch) == PROMPTS_PER_CALL or held + tokens(one) > checked):
+            yield batch
+            batch, held = [], 0
+        batch.append(one)
+        held += tokens(one)
+    if batch:
+        yield batch
+
+
 class Audit(verify_command.Run):
     """The check's run, with the files' tokens as its workload and their judgement as its output."""
 
@@ -278,9 +298,8 @@ class Audit(verify_command.Run):
         prefill = sampling(max_tokens=1, temperature=0.0)
         runnable = [f for f in self.chosen.audited if self.chosen.judged_tokens(f) + 1 <= max_len]
         done = 0
-        for start in range(0, len(runnable), PROMPTS_PER_CALL):
-            batch = runnable[start : start + PROMPTS_PER_CALL]
-            self.phase = f"auditing files {start + 1} to {start + len(batch)} of {len(runnable)}"
+        for batch in batches(runnable, self.chosen.judged_tokens, verify_settings.read().tokens):
+            self.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
             prompts = [prompt for prompt in map(self._prompt, batch) if prompt is not None]
             if prompts:
                 self.llm.generate(prompts, prefill, use_tqdm=False)
