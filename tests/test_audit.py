@@ -135,6 +135,32 @@ def test_a_sample_of_prefixes_names_each_bad_file_with_ids_in_another_order(
     assert snapshot(data) == before  # contents and modification times
 
 
+@pytest.mark.engine
+@pytest.mark.long
+def test_two_shards_merged_give_one_runs_verdict(testenv, plugin, tiny_checkpoint, made, tmp_path) -> None:
+    """--world-size 2 on the planted copy: each rank audits its part with an engine of its own, and
+    audit-merge gives the verdict, files and statuses one run over the same files gives (the
+    planted test's), each file once."""
+    data = columns(made, tmp_path / "data", {name: how for name, (_, how, _) in PLANTED.items()})
+    reports = []
+    for rank in (0, 1):
+        args = ["--ids", IDS, "--all", "--json", "--world-size", "2", "--rank", str(rank)]
+        done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), *args)  # one compile cache
+        assert done.returncode in (0, 1), done.stderr[-3000:]
+        reports.append(tmp_path / f"rank{rank}.json")
+        reports[-1].write_text(done.stdout)
+    parts = [[Path(f["file"]).name for f in json.loads(r.read_text())["files"]] for r in reports]
+    assert sorted(parts[0] + parts[1]) == sorted(PLANTED) and parts[0] and parts[1]
+    done = testenv.run(["-m", "vllm_hotfix", "audit-merge", *map(str, reports), "--json"], hotfix=True)
+    merged = json.loads(done.stdout)
+    assert (done.returncode, merged["verdict"], merged["selection"]["missing_ranks"]) == (1, "FAIL", [])
+    files = {Path(f["file"]).name: f for f in merged["files"]}
+    for name, (layer_ids, _, _) in PLANTED.items():
+        wrong = [e["id"] for e in files[name]["per_id"] if e["status"] == "wrong"]
+        assert files[name]["status"] == "wrong" and wrong == layer_ids, (name, files[name])
+    assert merged["reason"] == "0 ok, 6 wrong, 0 n/a of 6 files audited"
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
