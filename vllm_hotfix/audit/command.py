@@ -542,6 +542,7 @@ def add_parser(commands: Any) -> None:
     which.add_argument(
         "--sample",
         type=_sample,
+        metavar="N",
         help=f"audit this many files, chosen at random by --seed, and bound the wrong fraction of the"
         f" whole dataset at 95%% confidence (default {DEFAULT_SAMPLE})",
     )
@@ -550,16 +551,22 @@ def add_parser(commands: Any) -> None:
     audit.add_argument(
         "--max-tokens",
         type=_count("tokens", 1),
+        metavar="K",
         help="judge the first K tokens of each file only (a K-token prefill each; default: every token)",
     )
     audit.add_argument(
         "--world-size",
         type=_count("shards", 1),
+        metavar="W",
         default=1,
         help="split the chosen files into this many shards by a hash of their path (default 1)",
     )
     audit.add_argument(
-        "--rank", type=_count("ranks", 0), default=0, help="the shard this run audits, 0 to W-1 (default 0)"
+        "--rank",
+        type=_count("ranks", 0),
+        default=0,
+        metavar="R",
+        help="the shard this run audits, 0 to W-1 (default 0)",
     )
     own_engine.add_options(
         audit, "where the engine's processes write their records and results (not in DATA)"
