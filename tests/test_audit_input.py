@@ -151,6 +151,12 @@ def test_the_sample_depends_on_the_names_and_seed_alone() -> None:
     assert files.choose(NAMES, 30, seed=8) != picked
     # sha256 of the path: the same on any machine and Python (hash() would vary per process)
     assert files.choose(["a", "b", "c", "d"], 2, seed=0) == ["c", "d"]
+    assert files.choose(NAMES, 4, seed=0) == [
+        "shard-03/hs_316.safetensors",
+        "shard-03/hs_354.safetensors",
+        "shard-03/hs_370.safetensors",
+        "shard-08/hs_858.safetensors",
+    ]
     assert [files.shard(name, 4) for name in ("a", "b", "c", "d")] == [2, 2, 2, 1]
 
 
