@@ -236,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     from vllm_hotfix.audit import command as audit_command
 
     audit_command.add_parser(commands)
+    from vllm_hotfix.audit import merge as audit_merge
+
+    audit_merge.add_parser(commands)
 
     old_names = {new: old for old, new in OLD_NAMES.items()}
     for name, run, verb in (

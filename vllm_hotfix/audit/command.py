@@ -1,12 +1,16 @@
-"""`vllm-hotfix audit DATA MODEL --ids IDS [--sample N | --all] [-- ENGINE ARGS]`.
+"""`vllm-hotfix audit DATA MODEL --ids IDS [--sample N | --all] [--max-tokens K] [--world-size W
+--rank R] [-- ENGINE ARGS]`.
 
 The files are checked before vLLM is imported (files.py): a path, an id list or a sample size that
-cannot work is a usage error (exit 4) at once; a file that cannot be audited is `n/a` with why.
+cannot work is a usage error (exit 4) at once; a file that cannot be audited is `n/a` with why, a
+file with fewer state rows than tokens `wrong`, and neither costs another file its judgement.
 Then the pre-flight check's own run (verify/command.py) starts an engine with the user's flags and
-runs the files' tokens as its prompts, prefill only, without prefix caching or chunked prefill so
-that each prompt is whole in one forward; the engine also computes the neighbours of the ids (an
-id off by one shows as such). In its processes worker.py judges each file against the recomputed
-states. The check must PASS, or the reference is unproven and no file is called ok or wrong.
+runs the files' tokens (their first K with --max-tokens) as its prompts, prefill only, without
+prefix caching or chunked prefill so that each prompt is whole in one forward; the engine also
+computes the neighbours of the ids (an id off by one shows as such). In its processes worker.py
+judges each file against the recomputed states. The check must PASS, or the reference is unproven
+and no file is called ok or wrong on its states. The verdict and the estimate for the whole
+dataset come from verdict.py, the rule merge.py applies to shards' documents too.
 
 Exit codes: 0 every audited file ok, 1 some file wrong, 2 not everything could be audited (a file
 `n/a`, or the check not PASS), 3 the command or vLLM failed, 4 usage error.
@@ -15,77 +19,182 @@ Exit codes: 0 every audited file ok, 1 some file wrong, 2 not everything could b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
+from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.audit.worker import MANIFEST_VAR
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
+from vllm_hotfix.errors import one_line
 from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
+from vllm_hotfix.verify import settings as verify_settings
 
-SCHEMA = 1
+SCHEMA = 2  # 2: dataset, selection, estimate; ids in vLLM's order
 DEFAULT_SAMPLE = 32
-PROMPTS_PER_CALL = 64  # files' tokens the command holds at once: one generate call's prompts
+PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
 TOLERANCES = (2e-2, 1e-4)  # 16-bit, float32: the check's (verify/checks.py)
 
 
 @dataclass
 class Chosen:
-    """The files this run audits, and those it cannot, with why."""
+    """The files this run audits, and those it cannot or need not, with why."""
 
     data: Path
-    ids: list[int]
+    ids: list[int]  # in vLLM's order (ascending), the order of the files' columns
     audited: list[files_mod.DataFile] = field(default_factory=list)
     na: list[files_mod.DataFile] = field(default_factory=list)
-    total: int = 0
+    wrong: list[files_mod.DataFile] = field(default_factory=list)  # wrong as they stand
+    keys: list[str] = field(default_factory=list)  # the audited files' prompt keys (files.tokens_key)
+    total: int = 0  # files in DATA, each once
+    ids_given: list[int] | None = None
+    max_tokens: int | None = None
+    sample: int | None = None
+    seed: int = 0
+    world_size: int = 1
+    rank: int = 0
+    in_shard: int = 0  # files of DATA in this rank's part
+    links: int = 0  # links to a file already listed, left out
+    digest: str = ""  # files.Listing.digest
+
+    @property
+    def ids_note(self) -> str | None:
+        if self.ids_given is None or self.ids_given == self.ids:
+            return None
+        return (
+            f"--ids {','.join(map(str, self.ids_given))} read in vLLM's order {','.join(map(str, self.ids))}:"
+            " vLLM returns and stores aux states in ascending layer order whatever order its config"
+            " lists them, and the files' columns are read so"
+        )
+
+    def judged_tokens(self, found: files_mod.DataFile) -> int:
+        """The tokens of `found` the audit recomputes and judges: its first --max-tokens."""
+        return found.tokens if self.max_tokens is None else min(found.tokens, self.max_tokens)
+
+    def selection(self) -> dict[str, Any]:
+        return {
+            "sample": self.sample,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "files_in_data": self.total,
+            "files_in_shard": self.in_shard,
+            "links_counted_once": self.links,
+        }
 
 
-def _vocab_size(model: str) -> int | None:
-    """The checkpoint's vocabulary, where MODEL is a directory with a config.json."""
+def _text_config(model: str) -> dict[str, Any]:
+    """The checkpoint's text config, where MODEL is a directory with a config.json."""
     try:
         with open(os.path.join(model, "config.json"), encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, ValueError):
-        return None
-    text = config.get("text_config") or config
-    size = text.get("vocab_size") if isinstance(text, dict) else None
-    return size if isinstance(size, int) else None
+        return {}
+    text = config.get("text_config") or config if isinstance(config, dict) else None
+    return text if isinstance(text, dict) else {}
 
 
-def choose(data: str, model: str, ids: list[int], sample: int | None, seed: int) -> Chosen:
-    """Read the chosen files' headers and tokens; UsageError when nothing could be audited."""
-    root = Path(data)
+def _size(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def unfit(found: files_mod.DataFile, ids: list[int], hidden: int | None) -> str | None:
+    """Why a readable file cannot hold this model's states for these ids."""
+    if found.ids != len(ids):
+        return f"holds {found.ids} ids per token, not the {len(ids)} of --ids {ids}"
+    if hidden is not None and found.hidden != hidden:
+        return f"hidden size {found.hidden}, not the model's {hidden}"
+    return None
+
+
+def inside(path: str, directory: Path) -> bool:
+    real, root = os.path.realpath(path), os.path.realpath(directory)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def choose(args: argparse.Namespace) -> Chosen:
+    """Read the chosen files' headers and tokens (once); UsageError when nothing could be audited."""
+    root = Path(args.data)
     if not root.is_dir():
-        raise UsageError(f"DATA {data}: no such directory")
-    problem = verify_command.usage_problem(model)
+        raise UsageError(f"DATA {args.data}: no such directory")
+    problem = verify_command.usage_problem(args.model)
     if problem:
         raise UsageError(problem)
-    paths = files_mod.discover(root)
-    if not paths:
-        raise UsageError(f"DATA {data}: no {files_mod.SUFFIX} files in it")
-    chosen = Chosen(root, ids, total=len(paths))
-    vocab = _vocab_size(model)
-    for path in files_mod.choose(paths, sample, seed):
-        found = files_mod.read_header(path)
-        if found.na is None and found.ids != len(ids):
-            found = files_mod.DataFile(
-                path, na=f"holds {found.ids} ids per token, not the {len(ids)} of --ids {ids}"
-            )
-        if found.na is None and vocab is not None:
-            beyond = [t for t in files_mod.token_ids(found) if not 0 <= t < vocab]
-            if beyond:
-                found = files_mod.DataFile(path, na=f"token ids {beyond[:3]} beyond the vocabulary ({vocab})")
-        (chosen.audited if found.na is None else chosen.na).append(found)
-    if not chosen.audited:
+    if args.report_dir and inside(args.report_dir, root):
+        raise UsageError(
+            f"--report-dir {args.report_dir} is inside DATA {args.data}: the audit never writes there"
+        )
+    repeated = sorted({i for i in args.ids if args.ids.count(i) > 1})
+    if repeated:
+        raise UsageError(f"--ids lists {repeated} more than once")
+    if not 0 <= args.rank < args.world_size:
+        raise UsageError(
+            f"--rank {args.rank}: must be 0 to {args.world_size - 1} for --world-size {args.world_size}"
+        )
+    try:
+        files_mod.reader()
+    except files_mod.ReaderMissing as error:
+        raise UsageError(str(error)) from None
+    found = files_mod.listing(root)
+    if not found.files:
+        raise UsageError(f"DATA {args.data}: no {files_mod.SUFFIX} files in it")
+    ids = sorted(args.ids)
+    sample = None if args.all else (args.sample or DEFAULT_SAMPLE)
+    chosen = Chosen(root, ids, total=len(found.files), links=found.links, digest=found.digest)
+    chosen.ids_given, chosen.max_tokens, chosen.seed = list(args.ids), args.max_tokens, args.seed
+    chosen.sample, chosen.world_size, chosen.rank = sample, args.world_size, args.rank
+    names = [name for name, _ in found.files]
+    chosen.in_shard = sum(files_mod.shard(name, args.world_size) == args.rank for name in names)
+    paths = dict(found.files)
+    config = _text_config(args.model)
+    vocab, hidden = _size(config, "vocab_size"), _size(config, "hidden_size")
+    for name in files_mod.choose(names, sample, args.seed):
+        if files_mod.shard(name, args.world_size) == args.rank:
+            add(chosen, files_mod.read_header(paths[name], name), vocab, hidden)
+    if not chosen.audited and not chosen.wrong and chosen.na and args.world_size == 1:
         reasons = sorted({str(f.na) for f in chosen.na})
-        raise UsageError(f"no file of DATA {data} can be audited: {'; '.join(reasons[:3])}")
+        raise UsageError(f"no file of DATA {args.data} can be audited: {'; '.join(reasons[:3])}")
     return chosen
+
+
+def add(chosen: Chosen, found: files_mod.DataFile, vocab: int | None, hidden: int | None) -> None:
+    """File `found` into audited, n/a or wrong; an audited file's tokens are read here, once."""
+    if found.na is None:
+        why = unfit(found, chosen.ids, hidden)
+        if why:
+            found = dataclasses.replace(found, na=why, wrong=None)
+    if found.na is not None:
+        chosen.na.append(found)
+        return
+    if found.wrong is not None:
+        chosen.wrong.append(found)
+        return
+    try:
+        prompt = files_mod.token_ids(found)[: chosen.judged_tokens(found)]
+    except Exception as error:  # the header was sound, the bytes are not
+        chosen.na.append(
+            dataclasses.replace(found, na=f"unreadable token ids: {type(error).__name__}: {error}")
+        )
+        return
+    beyond = [t for t in prompt if not 0 <= t < (vocab if vocab is not None else 2**63)]
+    if beyond:
+        chosen.na.append(
+            dataclasses.replace(found, na=f"token ids {beyond[:3]} beyond the vocabulary ({vocab})")
+        )
+        return
+    chosen.audited.append(found)
+    chosen.keys.append(files_mod.tokens_key(prompt))
 
 
 def engine_ids(ids: list[int], layers: int) -> list[int]:
@@ -96,6 +205,25 @@ def engine_ids(ids: list[int], layers: int) -> list[int]:
     return sorted(wanted | set(ids))
 
 
+def batches(
+    found: list[files_mod.DataFile], tokens: Callable[[files_mod.DataFile], int], checked: int
+) -> Iterator[list[files_mod.DataFile]]:
+    """The files in generate calls of at most PROMPTS_PER_CALL prompts and `checked` tokens (the
+    tokens the pre-flight compares per forward): no forward of a call holds more, so every judged
+    token is one the run's own check compared, except past the first `checked` of a longer file
+    (alone in its call; worker.py counts those)."""
+    batch: list[files_mod.DataFile] = []
+    held = 0
+    for one in found:
+        if batch and (len(batch) == PROMPTS_PER_CALL or held + tokens(one) > checked):
+            yield batch
+            batch, held = [], 0
+        batch.append(one)
+        held += tokens(one)
+    if batch:
+        yield batch
+
+
 class Audit(verify_command.Run):
     """The check's run, with the files' tokens as its workload and their judgement as its output."""
 
@@ -104,24 +232,13 @@ class Audit(verify_command.Run):
         self.chosen = chosen
         self.out = ""
         self.max_len: int | None = None
-        self._rows: tuple[outcome_mod.Outcome, list[dict[str, Any]]] | None = None
+        self.unreadable: dict[str, str] = {}  # path -> why, files that broke after they were chosen
+        self._rows: tuple[outcome_mod.Outcome | None, list[dict[str, Any]]] | None = None
+        self._document: tuple[outcome_mod.Outcome | None, dict[str, Any]] | None = None
 
     def before_vllm(self, plan: verify_command.Plan) -> None:
         self.out = os.path.join(plan.report_dir, plan.run_id, "audit")
         os.makedirs(self.out, exist_ok=True)
-        manifest = {
-            "ids": self.chosen.ids,
-            "tolerances": list(TOLERANCES),
-            "out": self.out,
-            "files": [
-                {"path": str(f.path), "tokens_key": files_mod.tokens_key(files_mod.token_ids(f))}
-                for f in self.chosen.audited
-            ],
-        }
-        path = os.path.join(plan.report_dir, plan.run_id, "audit-manifest.json")
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(manifest, handle)
-        os.environ[MANIFEST_VAR] = path
 
     def adjust_engine(self, engine: Any, config: Any) -> None:
         assert self.plan is not None
@@ -129,6 +246,7 @@ class Audit(verify_command.Run):
             raise own_engine.CommandError(
                 "the audit runs extract_hidden_states with --ids itself: leave --speculative-config out"
             )
+        self._fit_hidden_size(int(getattr(config.hf_text_config, "hidden_size", 0) or 0) or None)
         layers = int(config.hf_text_config.num_hidden_layers)
         computed = engine_ids(self.chosen.ids, layers)
         self.plan.ids = computed
@@ -137,38 +255,88 @@ class Audit(verify_command.Run):
         )
         engine.enable_prefix_caching = False  # a cached prefix would leave a prompt's start out
         engine.enable_chunked_prefill = False  # each prompt whole in one forward
+        self._write_manifest(self.plan)
+
+    def _fit_hidden_size(self, hidden: int | None) -> None:
+        """Files of another hidden size than the engine's model: `n/a` before it starts (a
+        checkpoint named by its Hugging Face id has no config.json to read earlier)."""
+        kept, keys = [], []
+        for found, key in zip(self.chosen.audited, self.chosen.keys, strict=True):
+            why = unfit(found, self.chosen.ids, hidden)
+            if why:
+                self.chosen.na.append(dataclasses.replace(found, na=why))
+            else:
+                kept.append(found)
+                keys.append(key)
+        self.chosen.audited, self.chosen.keys = kept, keys
+        if not kept:
+            raise own_engine.CommandError("no chosen file fits the model: " + str(self.chosen.na[0].na))
+
+    def _write_manifest(self, plan: verify_command.Plan) -> None:
+        # Each file's states are judged at its stored dtype's precision too (compare.py reads it).
+        manifest = {
+            "ids": self.chosen.ids,
+            "tolerances": list(TOLERANCES),
+            "out": self.out,
+            "files": [
+                {
+                    "path": str(f.path),
+                    "tokens_key": key,
+                    "rows": self.chosen.judged_tokens(f),
+                    "dtype": f.dtype,
+                }
+                for f, key in zip(self.chosen.audited, self.chosen.keys, strict=True)
+            ],
+        }
+        path = os.path.join(plan.report_dir, plan.run_id, "audit-manifest.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle)
+        os.environ[MANIFEST_VAR] = path
 
     def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
         self.max_len = max_len
         prefill = sampling(max_tokens=1, temperature=0.0)
-        runnable = [f for f in self.chosen.audited if f.tokens + 1 <= max_len]
+        runnable = [f for f in self.chosen.audited if self.chosen.judged_tokens(f) + 1 <= max_len]
         done = 0
-        for start in range(0, len(runnable), PROMPTS_PER_CALL):
-            batch = runnable[start : start + PROMPTS_PER_CALL]
-            self.phase = f"auditing files {start + 1} to {start + len(batch)} of {len(runnable)}"
-            prompts = [{"prompt_token_ids": files_mod.token_ids(f)} for f in batch]
-            self.llm.generate(prompts, prefill, use_tqdm=False)
+        for batch in batches(runnable, self.chosen.judged_tokens, verify_settings.read().tokens):
+            self.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
+            prompts = [prompt for prompt in map(self._prompt, batch) if prompt is not None]
+            if prompts:
+                self.llm.generate(prompts, prefill, use_tqdm=False)
             done += len(batch)
             if sys.stderr.isatty() and not self.args.json:
                 print(f"\rvllm-hotfix audit: {done} of {len(runnable)} files", end="", file=sys.stderr)
         if sys.stderr.isatty() and not self.args.json:
             print(file=sys.stderr)
 
+    def _prompt(self, found: files_mod.DataFile) -> dict[str, list[int]] | None:
+        """The file's prompt, read again (the command holds one batch's tokens at a time); None
+        where the file broke since it was chosen: it alone stays unjudged, with why."""
+        try:
+            return {"prompt_token_ids": files_mod.token_ids(found)[: self.chosen.judged_tokens(found)]}
+        except Exception as error:
+            self.unreadable[str(found.path)] = f"unreadable token ids: {type(error).__name__}: {error}"
+            return None
+
     # -- the judgement -------------------------------------------------------------------------
-    def results(self, judged: outcome_mod.Outcome) -> list[dict[str, Any]]:
+    def results(self, judged: outcome_mod.Outcome | None) -> list[dict[str, Any]]:
         """Each file's row, read once per judgement (the document, the text and the exit code
-        all need them, and a dataset's results are a file each)."""
+        all need them, and a dataset's results are a file each). `judged` None: no engine ran."""
         if self._rows is None or self._rows[0] is not judged:
             self._rows = (judged, self._read_results(judged))
         return self._rows[1]
 
-    def _read_results(self, judged: outcome_mod.Outcome) -> list[dict[str, Any]]:
-        proven = judged.verdict == outcome_mod.PASS
+    def _read_results(self, judged: outcome_mod.Outcome | None) -> list[dict[str, Any]]:
+        proven = judged is not None and judged.verdict == outcome_mod.PASS
         rows = []
         for index, found in enumerate(self.chosen.audited):
+            judged_tokens = self.chosen.judged_tokens(found)
             row: dict[str, Any] = {"file": str(found.path), "status": "n/a", "per_id": []}
-            if self.max_len is not None and found.tokens + 1 > self.max_len:
-                row["why"] = f"{found.tokens} tokens: longer than the engine's max_model_len {self.max_len}"
+            row.update(tokens=found.tokens, judged_tokens=judged_tokens, dtype=found.dtype)
+            if str(found.path) in self.unreadable:
+                row["why"] = self.unreadable[str(found.path)]
+            elif self.max_len is not None and judged_tokens + 1 > self.max_len:
+                row["why"] = f"{judged_tokens} tokens: longer than the engine's max_model_len {self.max_len}"
             else:
                 try:
                     with open(os.path.join(self.out, f"{index}.json"), encoding="utf-8") as handle:
@@ -176,65 +344,128 @@ class Audit(verify_command.Run):
                 except (OSError, ValueError):  # never recomputed: the run ended early, or no forward fit
                     row["why"] = "not recomputed: " + (
                         "the run ended before its prompt ran (see the verdict)"
-                        if judged.error
+                        if judged is None or judged.error
                         else "no forward of the engine carried its tokens whole"
                     )
             if row["status"] != "n/a" and not proven:
+                assert judged is not None
                 row["measured"], row["status"] = row["status"], "n/a"
                 row["why"] = f"the reference is unproven: the pre-flight check says {judged.verdict}"
             rows.append(row)
+        rows += [
+            {
+                "file": str(f.path),
+                "status": "wrong",
+                "why": f.wrong,
+                "tokens": f.tokens,
+                "rows": f.rows,
+                "per_id": [],
+            }
+            for f in self.chosen.wrong
+        ]
         rows += [{"file": str(f.path), "status": "n/a", "why": f.na, "per_id": []} for f in self.chosen.na]
         return rows
 
-    def verdict(self, judged: outcome_mod.Outcome, rows: list[dict[str, Any]]) -> tuple[str, int, str]:
-        count = {s: sum(r["status"] == s for r in rows) for s in ("ok", "wrong", "n/a")}
-        summary = f"{count['ok']} ok, {count['wrong']} wrong, {count['n/a']} n/a of {len(rows)} files audited"
-        if judged.exit_code == exit_codes.ERROR:
-            return outcome_mod.UNKNOWN, exit_codes.ERROR, f"{judged.reason}; {summary}"
-        if judged.verdict != outcome_mod.PASS:
-            return outcome_mod.UNKNOWN, exit_codes.INCOMPLETE, f"the pre-flight check says {judged.verdict}"
-        if count["wrong"]:
-            return outcome_mod.FAIL, exit_codes.WRONG, summary
-        if count["n/a"]:
-            return outcome_mod.UNKNOWN, exit_codes.INCOMPLETE, summary
-        return outcome_mod.PASS, exit_codes.OK, summary
+    def verdict(self, judged: outcome_mod.Outcome | None, rows: list[dict[str, Any]]) -> tuple[str, int, str]:
+        if judged is None:
+            return verdict_mod.verdict(rows, None)
+        error = judged.reason if judged.exit_code == exit_codes.ERROR else None
+        return verdict_mod.verdict(rows, judged.verdict, error)
 
-    def document(self, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
+    def document(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
+        """The document, built once per judgement; a failure to build it is exit 3 with a
+        document still (never a traceback, never exit 1)."""
+        if self._document is None or self._document[0] is not judged:
+            try:
+                built = self._build(judged, timed_out)
+            except Exception as error:
+                if getattr(self.args, "debug", False):
+                    traceback.print_exc()
+                built = failure(self.args, f"the audit failed while judging: {one_line(error)}")
+            self._document = (judged, built)
+        return self._document[1]
+
+    def _build(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
         rows = self.results(judged)
         verdict, code, reason = self.verdict(judged, rows)
+        chosen = self.chosen
+        shard_sample = None if chosen.sample is None or chosen.sample >= chosen.total else len(rows)
         return {
             "schema": SCHEMA,
             "command": "audit",
             "verdict": verdict,
             "exit_code": code,
             "reason": reason,
-            "data": str(self.chosen.data),
+            "data": str(chosen.data),
+            "dataset": {"files": chosen.total, "listing_sha256": chosen.digest},
             "model": self.args.model,
-            "ids": self.chosen.ids,
-            "files_in_data": self.chosen.total,
-            "check": super().document(judged, timed_out),
+            "ids": chosen.ids,
+            "ids_given": chosen.ids_given,
+            "notes": [note for note in (chosen.ids_note, self._coverage_note(rows)) if note],
+            "files_in_data": chosen.total,
+            "selection": chosen.selection(),
+            "estimate": verdict_mod.estimate(rows, chosen.in_shard, shard_sample, chosen.seed),
+            "check": None if judged is None else verify_command.Run.document(self, judged, timed_out),
             "files": rows,
         }
 
-    def text(self, judged: outcome_mod.Outcome) -> str:
+    @staticmethod
+    def _coverage_note(rows: list[dict[str, Any]]) -> str | None:
+        """How many judged tokens the run's own pre-flight did not check (worker.py counts them)."""
+        short = [r for r in rows if r.get("not_preflighted_tokens")]
+        if not short:
+            return None
+        tokens = sum(int(r["not_preflighted_tokens"]) for r in short)
+        return (
+            f"{tokens} judged tokens of {len(short)} files lie beyond the first"
+            f" {verify_settings.read().tokens} tokens of their forward, which the pre-flight check"
+            f" compares ({verify_settings.TOKENS_VAR}); see each file's not_preflighted_tokens"
+        )
+
+    def text(self, judged: outcome_mod.Outcome | None) -> str:
         document = self.document(judged, False)
-        lines = [f"pre-flight check: {judged.verdict} ({judged.reason})"]
-        for row in document["files"]:
-            if row["status"] == "wrong":
-                bad = [e for e in row["per_id"] if e["status"] == "wrong"]
-                said = "; ".join(
-                    f"id {e['id']}: max rel diff {e['max_rel_diff']:.3g}"
-                    + (f" ({e['cause']})" if e.get("cause") else "")
-                    for e in bad
-                )
-                lines.append(f"wrong {row['file']}: {said}")
-            elif row["status"] == "n/a":
-                lines.append(f"n/a   {row['file']}: {row.get('why')}")
-        lines.append(f"verdict: {document['verdict']} ({document['reason']}); exit {document['exit_code']}")
+        lines = [] if judged is None else [f"pre-flight check: {judged.verdict} ({judged.reason})"]
+        lines += text_lines(document)
         return "\n".join(lines)
 
-    def exit_code(self, judged: outcome_mod.Outcome) -> int:
-        return self.verdict(judged, self.results(judged))[1]
+    def exit_code(self, judged: outcome_mod.Outcome | None) -> int:
+        code: int = self.document(judged, False)["exit_code"]
+        return code
+
+
+def text_lines(document: dict[str, Any]) -> list[str]:
+    """A document's files, notes, estimate and verdict as text (a run's, or merged shards')."""
+    lines = []
+    for row in document.get("files") or []:
+        if row["status"] == "wrong":
+            bad = [e for e in row["per_id"] if e["status"] == "wrong"]
+            said = "; ".join(
+                f"id {e['id']}: max rel diff {e['max_rel_diff']:.3g}"
+                + (f" ({e['cause']})" if e.get("cause") else "")
+                for e in bad
+            )
+            lines.append(f"wrong {row['file']}: {said or row.get('why')}")
+        elif row["status"] == "n/a":
+            lines.append(f"n/a   {row['file']}: {row.get('why')}")
+    lines += [f"note: {note}" for note in document.get("notes") or []]
+    if document.get("estimate"):
+        lines.append(verdict_mod.estimate_line(document["estimate"]))
+    lines.append(f"verdict: {document['verdict']} ({document['reason']}); exit {document['exit_code']}")
+    return lines
+
+
+def failure(args: argparse.Namespace, reason: str) -> dict[str, Any]:
+    """The document of a run that failed in the command itself: exit 3."""
+    return {
+        "schema": SCHEMA,
+        "command": "audit",
+        "verdict": outcome_mod.UNKNOWN,
+        "exit_code": exit_codes.ERROR,
+        "reason": reason,
+        "data": getattr(args, "data", None),
+        "model": getattr(args, "model", None),
+        "files": [],
+    }
 
 
 def _sample(text: str) -> int:
@@ -243,13 +474,41 @@ def _sample(text: str) -> int:
     return int(text)
 
 
+def _count(what: str, least: int) -> Any:
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of {what} >= {least}")
+        return int(text)
+
+    return parse
+
+
+def _without_engine(args: argparse.Namespace, chosen: Chosen) -> int:
+    """Every chosen file is wrong as it stands, n/a, or none is in this shard: no engine needed."""
+    audit = Audit(args, sys.stdout, chosen)
+    document = audit.document(None, False)
+    print(json.dumps(document, indent=2) if args.json else audit.text(None), flush=True)
+    code: int = document["exit_code"]
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
-    sample = None if args.all else (args.sample or DEFAULT_SAMPLE)
     try:
-        chosen = choose(args.data, args.model, args.ids, sample, args.seed)
+        chosen = choose(args)
     except UsageError as error:
         exit_usage("vllm-hotfix audit", str(error), Parser.json_requested)
+    except Exception as error:  # the command's own failure: exit 3, with a document under --json
+        if args.debug:
+            traceback.print_exc()
+        reason = f"the audit failed while reading DATA: {one_line(error)}"
+        print(f"vllm-hotfix audit: {reason}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(failure(args, reason), indent=2), flush=True)
+        return exit_codes.ERROR
+    if not chosen.audited:
+        return _without_engine(args, chosen)
     args.engine_args = list(args.engine_args)
+    args.ids = chosen.ids  # the check's run works in vLLM's order too; the audit's note says it
     return verify_command.run_with(Audit(args, own_engine.keep_stdout(), chosen))
 
 
@@ -265,7 +524,8 @@ def add_parser(commands: Any) -> None:
         " MODEL and --ids must be the model and the aux layer ids that made the data: the audit"
         " cannot tell a dataset made with other ids or another model from a wrong one. Never writes"
         " into DATA. Exit codes: 0 every audited file ok, 1 some file wrong, 2 not everything could"
-        " be audited, 3 the command or vLLM failed, 4 usage error.",
+        " be audited, 3 the command or vLLM failed, 4 usage error. Shards' documents:"
+        " `vllm-hotfix audit-merge`.",
     )
     audit.add_argument(
         "data", help="the dataset's directory (its *.safetensors files, in subdirectories too)"
@@ -275,13 +535,40 @@ def add_parser(commands: Any) -> None:
         "--ids",
         type=aux_ids,
         required=True,
-        help="the aux layer ids the data was made with, in the files' order, e.g. 2,30,58,61",
+        help="the aux layer ids the data was made with, in any order (vLLM stores them in ascending"
+        " order, and the audit reads the files so), e.g. 2,30,58,61",
     )
     which = audit.add_mutually_exclusive_group()
     which.add_argument(
-        "--sample", type=_sample, help=f"audit this many files, chosen by --seed (default {DEFAULT_SAMPLE})"
+        "--sample",
+        type=_sample,
+        metavar="N",
+        help=f"audit this many files, chosen at random by --seed, and bound the wrong fraction of the"
+        f" whole dataset at 95%% confidence (default {DEFAULT_SAMPLE})",
     )
     which.add_argument("--all", action="store_true", help="audit every file")
     audit.add_argument("--seed", type=int, default=0, help="which files --sample picks (default 0)")
-    own_engine.add_options(audit, "where the engine's processes write their records and results")
+    audit.add_argument(
+        "--max-tokens",
+        type=_count("tokens", 1),
+        metavar="K",
+        help="judge the first K tokens of each file only (a K-token prefill each; default: every token)",
+    )
+    audit.add_argument(
+        "--world-size",
+        type=_count("shards", 1),
+        metavar="W",
+        default=1,
+        help="split the chosen files into this many shards by a hash of their path (default 1)",
+    )
+    audit.add_argument(
+        "--rank",
+        type=_count("ranks", 0),
+        default=0,
+        metavar="R",
+        help="the shard this run audits, 0 to W-1 (default 0)",
+    )
+    own_engine.add_options(
+        audit, "where the engine's processes write their records and results (not in DATA)"
+    )
     audit.set_defaults(run=run, engine_args=[], prompt_lengths=None, batch_sizes=None)

@@ -1,114 +1,168 @@
 """The dataset's files, read from their safetensors headers before any engine starts.
 
-A header is 8 bytes (its length, little-endian) and a JSON table of tensors (dtype, shape, byte
-offsets): enough to refuse a file that is truncated, lacks a tensor or has the wrong shapes without
-reading its states, and without torch. Nothing here writes anything.
+safetensors' own reader (`safe_open`, installed wherever vLLM is; imported here only when the audit
+runs, so the package keeps wrapt as its only dependency) validates a header (its JSON, dtypes,
+shapes against byte offsets, the file's length) without reading the states and without torch. A
+file that fails is `n/a` with the reader's reason; a file with fewer state rows than tokens is
+`wrong` as it stands. Which files a run audits is decided by their paths relative to DATA alone
+(a seeded sample, a shard of a partition), so every machine chooses the same. Nothing here writes.
 """
 
 from __future__ import annotations
 
 import array
+import dataclasses
 import hashlib
-import json
-import random
-import struct
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STATES, TOKENS = "hidden_states", "token_ids"
 SUFFIX = ".safetensors"
-# bytes per element of the safetensors dtypes a producer may use
-_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "U8": 1, "I8": 1}
-_MAX_HEADER = 100 * 2**20  # safetensors' own limit
+# the stored precisions the audit reads (safetensors' names); the states' dtype is passed to judging
+STATE_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+TOKEN_DTYPES = ("I64", "I32", "U32", "I16", "U16", "U8")
+CACHED_PREFIX = (
+    "rows are missing: the likely cause a cached prefix left out of the file (prefix caching under"
+    " vLLM 0.22-0.23's ExampleHiddenStatesConnector, vLLM #44485)"
+)
 
 
 @dataclass(frozen=True)
 class DataFile:
-    """One file of the dataset: its shapes, or why it cannot be audited (`na`)."""
+    """One file of the dataset: its shapes, or why it cannot be audited (`na`), or why it is wrong
+    as it stands (`wrong`, no recomputation needed)."""
 
     path: Path
+    name: str = ""  # relative to DATA, with "/": what the sample and the partition are keyed on
     tokens: int = 0
     ids: int = 0
     hidden: int = 0
-    dtype: str = ""
+    dtype: str = ""  # the stored states' safetensors dtype: judged at its precision (compare.py)
     na: str | None = None
-    tokens_at: tuple[int, int, str] = (0, 0, "I64")  # the token ids' byte range and dtype
+    wrong: str | None = None
+    rows: int = 0  # state rows stored
+
+
+class ReaderMissing(Exception):
+    """safetensors (or numpy, its reader's arrays) is not installed: the audit cannot read a file."""
+
+
+def reader() -> Any:
+    """safetensors' `safe_open`, imported lazily: the audit runs where vLLM is, which has it."""
+    try:
+        import numpy  # noqa: F401  (safe_open's framework="numpy" reads the token ids as arrays)
+        from safetensors import safe_open
+    except ImportError as error:
+        raise ReaderMissing(
+            f"the audit reads the files with safetensors and numpy, installed with vLLM ({error});"
+            " run it in vLLM's environment"
+        ) from None
+    return safe_open
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Every safetensors file under DATA once, by relative path; links to a file already listed
+    are left out (counted in `links`)."""
+
+    files: list[tuple[str, Path]]
+    links: int = 0
+
+    @property
+    def digest(self) -> str:
+        """The dataset's identity for merging shards: sha256 of the sorted relative paths."""
+        return hashlib.sha256("\n".join(name for name, _ in self.files).encode()).hexdigest()
+
+
+def listing(data: Path) -> Listing:
+    """The files in a stable order (relative path); a file reached by several paths (links) counts
+    once, under its own path where that is in DATA, else under its first link by relative path."""
+    found = sorted((p.relative_to(data).as_posix(), p) for p in data.rglob(f"*{SUFFIX}") if p.is_file())
+    seen: set[str] = set()
+    kept, links = [], 0
+    for name, path in sorted(found, key=lambda item: (item[1].is_symlink(), item[0])):
+        real = os.path.realpath(path)
+        if real in seen:
+            links += 1
+            continue
+        seen.add(real)
+        kept.append((name, path))
+    return Listing(sorted(kept), links)
 
 
 def discover(data: Path) -> list[Path]:
-    """Every safetensors file under DATA, in a stable order (relative path)."""
-    return sorted(p for p in data.rglob(f"*{SUFFIX}") if p.is_file())
+    """Every safetensors file under DATA once, in a stable order (relative path)."""
+    return [path for _, path in listing(data).files]
 
 
-def choose(paths: list[Path], sample: int | None, seed: int) -> list[Path]:
-    """All the files, or `sample` of them chosen by `seed` (the same files for the same dataset,
-    seed and count, whatever the machine), kept in the dataset's order."""
-    if sample is None or sample >= len(paths):
-        return list(paths)
-    picked = set(random.Random(seed).sample(range(len(paths)), sample))
-    return [path for i, path in enumerate(paths) if i in picked]
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
-def read_header(path: Path) -> DataFile:
-    """The file's shapes from its header; `na` says why it cannot be audited."""
+def choose(names: list[str], sample: int | None, seed: int) -> list[str]:
+    """All the names, or `sample` of them: those whose hash with `seed` is smallest, a uniform
+    random choice that depends on the names and seed alone (not on the machine, nor on the order
+    or the other files listed), kept in the given order."""
+    if sample is None or sample >= len(names):
+        return list(names)
+    picked = set(sorted(names, key=lambda name: (_hash(f"{seed}\0{name}"), name))[:sample])
+    return [name for name in names if name in picked]
+
+
+def shard(name: str, world_size: int) -> int:
+    """The rank that audits file `name` of `world_size`: a hash of its relative path, the same on
+    every machine and for every Python."""
+    return _hash(name) % world_size
+
+
+def read_header(path: Path, name: str = "") -> DataFile:
+    """The file's shapes from its header, checked by safetensors; `na` says why it cannot be
+    audited, `wrong` why it is wrong without recomputing it."""
+    safe_open = reader()
+    blank = DataFile(path, name or path.name)
     try:
-        size = path.stat().st_size
-        with path.open("rb") as handle:
-            head = handle.read(8)
-            if len(head) < 8:
-                return DataFile(path, na="truncated: no safetensors header")
-            (length,) = struct.unpack("<Q", head)
-            if length > min(_MAX_HEADER, size - 8):
-                return DataFile(path, na="truncated or not a safetensors file: its header runs past its end")
-            table = json.loads(handle.read(length))
-    except (OSError, ValueError, UnicodeDecodeError) as error:
-        return DataFile(path, na=f"unreadable: {type(error).__name__}: {error}")
-    if not isinstance(table, dict):
-        return DataFile(path, na="not a safetensors file: its header is not a table")
-    missing = [name for name in (STATES, TOKENS) if name not in table]
-    if missing:
-        return DataFile(path, na=f"no {' or '.join(missing)} tensor (found: {', '.join(sorted(table))})")
-    states, tokens = table[STATES], table[TOKENS]
-    shape, token_shape = states.get("shape", []), tokens.get("shape", [])
-    if len(shape) != 3 or len(token_shape) != 1 or shape[0] != token_shape[0]:
-        return DataFile(
-            path,
+        with safe_open(str(path), framework="numpy") as handle:
+            keys = set(handle.keys())
+            missing = [key for key in (STATES, TOKENS) if key not in keys]
+            if missing:
+                listed = ", ".join(sorted(keys)) or "none"
+                return dataclasses.replace(blank, na=f"no {' or '.join(missing)} tensor (found: {listed})")
+            states, tokens = handle.get_slice(STATES), handle.get_slice(TOKENS)
+            shape, dtype = list(states.get_shape()), str(states.get_dtype())
+            token_shape, token_dtype = list(tokens.get_shape()), str(tokens.get_dtype())
+    except Exception as error:  # SafetensorError (header, offsets, length), OSError, ...
+        return dataclasses.replace(blank, na=f"unreadable header: {type(error).__name__}: {error}")
+    if len(shape) != 3 or len(token_shape) != 1:
+        return dataclasses.replace(
+            blank,
             na=f"shapes {STATES} {shape} and {TOKENS} {token_shape}: not [tokens, ids, hidden] and [tokens]",
         )
-    for name, entry in ((STATES, states), (TOKENS, tokens)):
-        begin, end = entry.get("data_offsets", [0, -1])
-        count = 1
-        for dim in entry["shape"]:
-            count *= dim
-        if entry.get("dtype") not in _SIZES or end - begin != count * _SIZES[entry["dtype"]]:
-            return DataFile(path, na=f"{name}: dtype {entry.get('dtype')} and offsets do not match its shape")
-        if 8 + length + end > size:
-            return DataFile(path, na=f"truncated: {name} runs past the end of the file")
-    if tokens["dtype"] not in ("I64", "I32"):
-        return DataFile(path, na=f"{TOKENS} has dtype {tokens['dtype']}, not an integer type")
-    begin, end = tokens["data_offsets"]
-    return DataFile(
-        path,
-        shape[0],
-        shape[1],
-        shape[2],
-        states["dtype"],
-        None,
-        (8 + length + begin, 8 + length + end, tokens["dtype"]),
-    )
+    if token_dtype not in TOKEN_DTYPES:
+        return dataclasses.replace(blank, na=f"{TOKENS} has dtype {token_dtype}, not an integer type")
+    if dtype not in STATE_DTYPES:
+        return dataclasses.replace(
+            blank,
+            na=f"{STATES} stored as {dtype}: not a precision the audit reads ({', '.join(STATE_DTYPES)})",
+        )
+    rows, count = shape[0], token_shape[0]
+    found = dataclasses.replace(blank, tokens=count, ids=shape[1], hidden=shape[2], dtype=dtype, rows=rows)
+    if count == 0:
+        return dataclasses.replace(found, na=f"no tokens: {TOKENS} is empty")
+    if rows > count:
+        return dataclasses.replace(found, na=f"{rows} state rows for {count} tokens: more rows than tokens")
+    if rows < count:
+        return dataclasses.replace(found, wrong=f"{rows} state rows for {count} tokens: {CACHED_PREFIX}")
+    return found
 
 
 def token_ids(found: DataFile) -> list[int]:
-    """The file's token ids (little-endian int64 or int32, as safetensors stores them)."""
-    begin, end, dtype = found.tokens_at
-    with found.path.open("rb") as handle:
-        handle.seek(begin)
-        raw = handle.read(end - begin)
-    values = array.array("q" if dtype == "I64" else "i", raw)
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values.tolist()
+    """The file's token ids, read by safetensors (which checks their bytes are all there)."""
+    with reader()(str(found.path), framework="numpy") as handle:
+        values: list[int] = handle.get_tensor(TOKENS).tolist()
+    return values
 
 
 def tokens_key(ids: list[int]) -> str:

@@ -57,18 +57,25 @@ def segments(positions: Any) -> list[tuple[int, int]]:
 
 
 class Auditor:
-    """Judges the files whose tokens a forward carried; writes `<out>/<index>.json` per file."""
+    """Judges the files whose tokens a forward carried; writes `<out>/<index>.json` per file. A
+    file that cannot be judged (unreadable since its header was read, a shape the engine's states
+    do not match) is `n/a` with why, and costs no other file of the forward its judgement."""
 
     def __init__(self, manifest_path: str, engine_ids: Sequence[int]) -> None:
+        from vllm_hotfix.verify import settings as verify_settings
+
         with open(manifest_path, encoding="utf-8") as handle:
             manifest = json.load(handle)
         self.ids: list[int] = manifest["ids"]
         self.tolerance_16bit, self.tolerance_32bit = manifest["tolerances"]
         self.out: str = manifest["out"]
         self.engine_ids = list(engine_ids)
-        self.by_tokens: dict[str, list[tuple[int, str]]] = {}
-        for index, entry in enumerate(manifest["files"]):
-            self.by_tokens.setdefault(entry["tokens_key"], []).append((index, entry["path"]))
+        self.checked_tokens = verify_settings.read().tokens  # what the pre-flight compares per forward
+        # index -> the file's entry: path, the rows judged (its first --max-tokens), stored dtype
+        self.entries: dict[int, dict[str, Any]] = dict(enumerate(manifest["files"]))
+        self.by_tokens: dict[str, list[int]] = {}
+        for index, entry in self.entries.items():
+            self.by_tokens.setdefault(entry["tokens_key"], []).append(index)
 
     def forward(self, input_ids: Any, positions: Any, aux: Sequence[Any]) -> None:
         """One forward of the engine: its flattened tokens, positions and aux states (one
@@ -78,22 +85,32 @@ class Auditor:
         tolerance = self.tolerance_32bit if aux[0].dtype == torch.float32 else self.tolerance_16bit
         for start, end in segments(positions):
             matches = self.by_tokens.pop(files.tokens_key(input_ids[start:end].tolist()), [])
+            if not matches:
+                continue
             references = {
                 i: state[start:end].float().cpu() for i, state in zip(self.engine_ids, aux, strict=True)
             }
-            for index, path in matches:
-                self._write(index, path, self._judge(path, references, tolerance))
+            unchecked = max(0, end - max(start, self.checked_tokens))
+            for index in matches:
+                entry = self.entries[index]
+                try:
+                    result = self._judge(entry, references, tolerance)
+                except Exception as error:  # this file alone: the others of the forward are judged
+                    result = {"status": "n/a", "why": f"not judged: {type(error).__name__}: {error}"}
+                result["not_preflighted_tokens"] = unchecked
+                self._write(index, entry["path"], result)
 
-    def _judge(self, path: str, references: dict[int, Any], tolerance: float) -> dict[str, Any]:
+    def _judge(self, entry: dict[str, Any], references: dict[int, Any], tolerance: float) -> dict[str, Any]:
         from safetensors import safe_open
 
         try:
-            with safe_open(path, framework="pt") as handle:
-                stored = handle.get_tensor("hidden_states")
+            with safe_open(entry["path"], framework="pt") as handle:
+                stored = handle.get_slice(files.STATES)[: int(entry["rows"])]
         except Exception as error:  # the file changed or broke since its header was read
             return {"status": "n/a", "why": f"unreadable: {type(error).__name__}: {error}"}
+        # entry["dtype"], the file's stored precision, is there for the judgement's tolerance
         per_id = compare.judge(stored, self.ids, references, tolerance)
-        status = "wrong" if any(entry["status"] == "wrong" for entry in per_id) else "ok"
+        status = "wrong" if any(e["status"] == "wrong" for e in per_id) else "ok"
         return {"status": status, "per_id": per_id}
 
     def _write(self, index: int, path: str, result: dict[str, Any]) -> None:
