@@ -54,7 +54,7 @@ def test_another_word_lists_the_current_commands(capsys: pytest.CaptureFixture[s
     error = capsys.readouterr().err.splitlines()[-1]
     assert error == (
         "vllm-hotfix: error: argument COMMAND: invalid choice: 'nonesuch' (choose from status, clean,"
-        " verify, audit, install-site-hook, uninstall-site-hook)"
+        " verify, audit, audit-merge, install-site-hook, uninstall-site-hook)"
     )
 
 
