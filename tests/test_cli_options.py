@@ -135,11 +135,11 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     return str(root / "venv" / "bin" / "python"), str(only_wrapt)
 
 
-def verify_in(bare: tuple[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+def verify_in(bare: tuple[str, str], *argv: str, command: str = "verify") -> subprocess.CompletedProcess[str]:
     python, only_wrapt = bare
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
     return subprocess.run(
-        [python, "-m", "vllm_hotfix", "verify", *argv],
+        [python, "-m", "vllm_hotfix", command, *argv],
         capture_output=True,
         text=True,
         env={**base, "PYTHONPATH": os.pathsep.join([str(REPO), only_wrapt])},
@@ -164,3 +164,19 @@ def test_verify_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str]
     # a usage error is still one, and comes first
     assert verify_in(bare_python, str(model), "--prompt-length", "16").returncode == 4
     assert verify_in(bare_python, str(tmp_path / "nonesuch")).returncode == 4
+
+
+def test_audit_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str], tmp_path: Path) -> None:
+    """No line per file: the files are not read (their reader comes with vLLM)."""
+    data, model = tmp_path / "data", tmp_path / "model"
+    data.mkdir()
+    model.mkdir()
+    for n in range(3):
+        (data / f"hs_{n}.safetensors").write_bytes(b"not read")
+    done = verify_in(bare_python, str(data), str(model), "--ids", "1,2", command="audit")
+    assert done.returncode == 3 and done.stderr == "", done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith(f"vllm-hotfix audit: no vLLM importable by {bare_python[0]}:")
+    done = verify_in(bare_python, str(data), str(model), "--ids", "1,2", "--json", command="audit")
+    found = json.loads(done.stdout)
+    assert done.returncode == found["exit_code"] == 3 and found["reason"] == line and found["files"] == []

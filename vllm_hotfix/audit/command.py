@@ -493,6 +493,11 @@ def _without_engine(args: argparse.Namespace, chosen: Chosen) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:  # before DATA is read: its reader comes with vLLM, and no file is worth a line without it
+        own_engine.need_vllm("audit")
+    except own_engine.NoVllm as missing:
+        print(json.dumps(failure(args, str(missing)), indent=2) if args.json else missing, flush=True)
+        return exit_codes.ERROR
     try:
         chosen = choose(args)
     except UsageError as error:
