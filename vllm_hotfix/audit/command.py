@@ -24,6 +24,7 @@ from typing import Any
 
 from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
+from vllm_hotfix.audit import precision
 from vllm_hotfix.audit.worker import MANIFEST_VAR
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
 from vllm_hotfix.verify import command as verify_command
@@ -32,7 +33,6 @@ from vllm_hotfix.verify import outcome as outcome_mod
 SCHEMA = 1
 DEFAULT_SAMPLE = 32
 PROMPTS_PER_CALL = 64  # files' tokens the command holds at once: one generate call's prompts
-TOLERANCES = (2e-2, 1e-4)  # 16-bit, float32: the check's (verify/checks.py)
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Audit(verify_command.Run):
         os.makedirs(self.out, exist_ok=True)
         manifest = {
             "ids": self.chosen.ids,
-            "tolerances": list(TOLERANCES),
+            "tolerance": getattr(self.args, "tolerance", None),
             "out": self.out,
             "files": [
                 {"path": str(f.path), "tokens_key": files_mod.tokens_key(files_mod.token_ids(f))}
@@ -191,6 +191,13 @@ class Audit(verify_command.Run):
         summary = f"{count['ok']} ok, {count['wrong']} wrong, {count['n/a']} n/a of {len(rows)} files audited"
         if judged.exit_code == exit_codes.ERROR:
             return outcome_mod.UNKNOWN, exit_codes.ERROR, f"{judged.reason}; {summary}"
+        broken = [r for r in rows if r.get("error")]  # a recomputed state not finite
+        if broken:
+            return (
+                outcome_mod.UNKNOWN,
+                exit_codes.ERROR,
+                f"{broken[0]['why']} ({broken[0]['file']}); {summary}",
+            )
         if judged.verdict != outcome_mod.PASS:
             return outcome_mod.UNKNOWN, exit_codes.INCOMPLETE, f"the pre-flight check says {judged.verdict}"
         if count["wrong"]:
@@ -211,6 +218,7 @@ class Audit(verify_command.Run):
             "data": str(self.chosen.data),
             "model": self.args.model,
             "ids": self.chosen.ids,
+            "precision": precision.for_the_run(getattr(self.args, "tolerance", None)),
             "files_in_data": self.chosen.total,
             "check": super().document(judged, timed_out),
             "files": rows,
@@ -228,6 +236,9 @@ class Audit(verify_command.Run):
                     for e in bad
                 )
                 lines.append(f"wrong {row['file']}: {said}")
+            elif row["status"] == "ok" and any(e.get("note") for e in row["per_id"]):
+                said = "; ".join(f"id {e['id']}: {e['note']}" for e in row["per_id"] if e.get("note"))
+                lines.append(f"ok    {row['file']}: {said}")
             elif row["status"] == "n/a":
                 lines.append(f"n/a   {row['file']}: {row.get('why')}")
         lines.append(f"verdict: {document['verdict']} ({document['reason']}); exit {document['exit_code']}")
@@ -241,6 +252,16 @@ def _sample(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of files >= 1")
     return int(text)
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,5 +304,11 @@ def add_parser(commands: Any) -> None:
     )
     which.add_argument("--all", action="store_true", help="audit every file")
     audit.add_argument("--seed", type=int, default=0, help="which files --sample picks (default 0)")
+    audit.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        help="the largest per-token relative difference of a right state, for every file and id,"
+        " no token over it allowed (default: the precision rule, by each file's dtype and the engine's)",
+    )
     own_engine.add_options(audit, "where the engine's processes write their records and results")
     audit.set_defaults(run=run, engine_args=[], prompt_lengths=None, batch_sizes=None)

@@ -19,7 +19,19 @@ from pathlib import Path
 STATES, TOKENS = "hidden_states", "token_ids"
 SUFFIX = ".safetensors"
 # bytes per element of the safetensors dtypes a producer may use
-_SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "U8": 1, "I8": 1}
+_SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "U8": 1,
+    "I8": 1,
+}
 _MAX_HEADER = 100 * 2**20  # safetensors' own limit
 
 
