@@ -255,3 +255,26 @@ def test_the_expert_layer_names_are_vllms(testenv) -> None:
         (site,) = (testenv.root / base / "venv" / "lib").glob("python*/site-packages")
         source = (site / "vllm/model_executor/layers/fused_moe/routed_experts.py").read_text()
         assert f"class {_MOE_LAYERS[0]}(" in source
+
+
+def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
+    from vllm_hotfix.audit.command import Audit, Chosen
+    from vllm_hotfix.verify.outcome import Outcome
+
+    references = recomputed(torch.bfloat16, tokens=200)
+    stored = made_elsewhere(references, "bfloat16")
+    moe = precision.rule(torch.bfloat16, torch.bfloat16, 200, moe=True)
+    stored[-2:, 2] *= 1.3  # two tokens of id 4, as routing flips move them
+    path = tmp_path / "moe.safetensors"
+    safetensors.save_file({"hidden_states": stored.contiguous(), "token_ids": torch.arange(200)}, str(path))
+    (tmp_path / "out").mkdir()
+    per_id = compare.judge(stored, IDS, references, moe)
+    row = {"file": str(path), "status": "ok", "precision": moe.as_dict(), "per_id": per_id}
+    (tmp_path / "out" / "0.json").write_text(json.dumps(row))
+    chosen = Chosen(tmp_path, IDS, audited=[files.read_header(path)])
+    audit = Audit(
+        argparse.Namespace(model="m", json=False, engine_args=[], tolerance=None), io.StringIO(), chosen
+    )
+    audit.out = str(tmp_path / "out")
+    text = audit.text(Outcome("PASS", 0, "all checked", [], 0))
+    assert f"ok    {path}: id 4: 2 of 200 tokens over the tolerance, within the {moe.allowed_tokens}" in text
