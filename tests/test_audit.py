@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,3 +187,133 @@ def test_bad_input_is_one_line_and_exit_4_before_vllm(
     ]
     assert json.loads(done.stdout)["exit_code"] == 4
     assert "INFO" not in done.stderr  # vLLM was not imported: it logs as it is
+
+
+def _cast_copies(made: Path, target: Path, dtypes: dict[str, Any]) -> dict[str, Path]:
+    """Each file of the cut dataset in every one of `dtypes` (a subdirectory each), as a producer
+    that stores its states at that precision writes them."""
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(exist_ok=True)
+    right = columns(made, target / "float32")
+    copies = {}
+    for name, dtype in dtypes.items():
+        (target / name).mkdir()
+        for path in sorted(right.glob("*.safetensors")):
+            tensors = load_file(str(path))
+            tensors["hidden_states"] = tensors["hidden_states"].to(dtype).contiguous()
+            save_file(tensors, str(target / name / path.name))
+        copies[name] = target / name
+    shutil.rmtree(right)
+    return copies
+
+
+@pytest.mark.engine
+def test_right_data_stored_coarser_than_the_engine_is_ok_and_faults_in_it_are_caught(
+    testenv, plugin, tiny_checkpoint, made, tmp_path
+) -> None:
+    """bfloat16, fp8 e4m3 and fp8 e5m2 copies of the right dataset, audited on a float32 engine, are
+    all `ok`, each judged at its own precision; in the same run a bfloat16 file with id 2 scaled and
+    one with a NaN stored are `wrong` on exactly that id."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    data = tmp_path / "data"
+    data.mkdir()
+    dtypes = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+    _cast_copies(made, data, dtypes)
+    faults = data / "faults"
+    faults.mkdir()
+    for name, column, plant in (
+        ("scaled", 1, lambda s: s.mul_(1.5)),
+        ("nan", 0, lambda s: s[3, 5].fill_(float("nan"))),
+    ):
+        tensors = load_file(str(data / "bf16" / "sample-000.safetensors"))
+        states = tensors["hidden_states"].float()
+        plant(states[:, column])
+        tensors["hidden_states"] = states.to(torch.bfloat16).contiguous()
+        save_file(tensors, str(faults / f"{name}.safetensors"))
+    done = audit(
+        testenv,
+        plugin,
+        tmp_path,
+        str(data),
+        str(tiny_checkpoint),
+        "--ids",
+        IDS,
+        "--all",
+        "--json",
+        "--",
+        "--dtype",
+        "float32",
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert (found["verdict"], found["check"]["verdict"], found["precision"]["source"]) == (
+        "FAIL",
+        "PASS",
+        "measured",
+    )
+    rows = {str(Path(f["file"]).relative_to(data)): f for f in found["files"]}
+    assert len(rows) == 20
+    for where, row in rows.items():
+        if where.startswith("faults/"):
+            continue
+        stored = {"bf16": "bfloat16", "e4m3": "float8_e4m3", "e5m2": "float8_e5m2"}[where.split("/")[0]]
+        assert row["status"] == "ok", (where, row)
+        assert (row["precision"]["stored"], row["precision"]["engine"], row["precision"]["judged_at"]) == (
+            stored,
+            "float32",
+            stored,
+        )
+    for name, wrong_id, cause in (
+        ("scaled", 2, r"scaled by 1\.5"),
+        ("nan", 1, r"not finite .* on 1 of \d+ tokens"),
+    ):
+        row = rows[f"faults/{name}.safetensors"]
+        wrong = [e for e in row["per_id"] if e["status"] == "wrong"]
+        assert row["status"] == "wrong" and [e["id"] for e in wrong] == [wrong_id], row
+        assert re.fullmatch(cause, wrong[0]["cause"]), wrong[0]
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_forty_right_files_cast_to_bfloat16_are_ok_on_a_float32_engine(
+    testenv, plugin, tiny_checkpoint, tmp_path
+) -> None:
+    """40 files made by vLLM 0.25.0, their states cast to bfloat16, audited with --dtype float32:
+    every one `ok`, exit 0 (judged at the engine's precision alone, every one read `wrong`)."""
+    import torch
+
+    args = [
+        testenv.script("aux_dataset"),
+        "--checkpoint",
+        str(tiny_checkpoint),
+        "--ids",
+        "1,2,3,4",
+        "--prompts",
+        "40",
+    ]
+    done = testenv.run(
+        [*args, "--out", str(tmp_path / "made")], version=FIXED, VLLM_CACHE_ROOT=str(tmp_path / "cache")
+    )
+    assert child_result(done.stdout) is not None and done.returncode == 0, done.stderr[-3000:]
+    copies = _cast_copies(tmp_path / "made", tmp_path / "data", {"bf16": torch.bfloat16})
+    done = audit(
+        testenv,
+        plugin,
+        tmp_path,
+        str(copies["bf16"]),
+        str(tiny_checkpoint),
+        "--ids",
+        IDS,
+        "--all",
+        "--json",
+        "--",
+        "--dtype",
+        "float32",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert [f["status"] for f in found["files"]] == ["ok"] * 40
+    assert {f["precision"]["judged_at"] for f in found["files"]} == {"bfloat16"}

@@ -9,13 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix.audit import compare, files
+from vllm_hotfix.audit import compare, files, precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
 
 IDS = [1, 2, 4]
 TOL = 1e-4
+
+
+def at(tolerance: float, allowed: int = 0) -> precision.Rule:
+    """A rule of `tolerance`, `allowed` tokens over it per id (as --tolerance gives, or a MoE's)."""
+    return precision.Rule("float32", "float32", "float32", tolerance, allowed, "test")
 
 
 def states(tokens: int = 12, hidden: int = 64, seed: int = 0) -> dict[int, object]:
@@ -29,8 +34,8 @@ def stored_from(references: dict[int, object], ids: list[int] = IDS) -> object:
 
 def test_correct_states_are_ok_on_every_id() -> None:
     references = states()
-    found = compare.judge(stored_from(references).to(torch.bfloat16), IDS, references, 2e-2)
-    assert [(e["id"], e["status"], e["wrong_tokens"]) for e in found] == [
+    found = compare.judge(stored_from(references).to(torch.bfloat16), IDS, references, at(2e-2))
+    assert [(e["id"], e["status"], e["tokens_over"]) for e in found] == [
         (1, "ok", 0),
         (2, "ok", 0),
         (4, "ok", 0),
@@ -54,7 +59,7 @@ def test_a_planted_defect_is_wrong_on_exactly_its_id(plant, cause: str | None) -
     references = states()
     stored = stored_from(references)
     plant(stored, references)
-    found = {e["id"]: e for e in compare.judge(stored, IDS, references, TOL)}
+    found = {e["id"]: e for e in compare.judge(stored, IDS, references, at(TOL))}
     assert [i for i, e in found.items() if e["status"] == "wrong"] == [2]
     assert found[2]["cause"] == cause and found[2]["max_rel_diff"] > TOL
 
@@ -63,7 +68,7 @@ def test_a_non_finite_state_is_wrong() -> None:
     references = states()
     stored = stored_from(references)
     stored[3, 0, 7] = float("nan")
-    found = compare.judge(stored, IDS, references, TOL)
+    found = compare.judge(stored, IDS, references, at(TOL))
     assert found[0]["status"] == "wrong" and found[0]["first_wrong_token"] == 3
 
 
@@ -145,7 +150,7 @@ def test_the_auditor_matches_a_forwards_prompts_to_files_and_judges_each(tmp_pat
     out.mkdir()
     manifest = {
         "ids": IDS,
-        "tolerances": [2e-2, TOL],
+        "tolerance": TOL,
         "out": str(out),
         "files": [
             {

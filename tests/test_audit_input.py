@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from vllm_hotfix import cli
-from vllm_hotfix.audit import bound, compare, files, merge, verdict
+from vllm_hotfix.audit import bound, compare, files, merge, precision, verdict
 from vllm_hotfix.audit import command as audit_command
 
 torch = pytest.importorskip("torch")
@@ -267,8 +267,9 @@ def test_ids_in_another_order_are_read_in_vllms(tmp_path: Path, model: Path) -> 
     # what reading the files in the typed order would do to a right file: call it wrong
     references = {i: torch.randn(5, HIDDEN) for i in range(5)}
     right = torch.stack([references[i] for i in sorted(IDS)], dim=1)
-    assert {e["status"] for e in compare.judge(right, chosen.ids, references, 1e-4)} == {"ok"}
-    assert "wrong" in {e["status"] for e in compare.judge(right, chosen.ids_given, references, 1e-4)}
+    rule = precision.rule(torch.float32, torch.float32, 5, False)
+    assert {e["status"] for e in compare.judge(right, chosen.ids, references, rule)} == {"ok"}
+    assert "wrong" in {e["status"] for e in compare.judge(right, chosen.ids_given, references, rule)}
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -341,7 +342,7 @@ def test_without_files_for_the_engine_the_verdict_needs_none(
 def _manifest(tmp_path: Path, entries: list[dict[str, Any]]) -> str:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    manifest = {"ids": IDS, "tolerances": [2e-2, 1e-4], "out": str(out), "files": entries}
+    manifest = {"ids": IDS, "tolerance": None, "out": str(out), "files": entries}
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(manifest))
     return str(path)

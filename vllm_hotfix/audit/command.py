@@ -31,6 +31,7 @@ from typing import Any
 
 from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
+from vllm_hotfix.audit import precision
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.audit.worker import MANIFEST_VAR
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
@@ -42,7 +43,6 @@ from vllm_hotfix.verify import settings as verify_settings
 SCHEMA = 2  # 2: dataset, selection, estimate; ids in vLLM's order
 DEFAULT_SAMPLE = 32
 PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
-TOLERANCES = (2e-2, 1e-4)  # 16-bit, float32: the check's (verify/checks.py)
 
 
 @dataclass
@@ -276,7 +276,7 @@ class Audit(verify_command.Run):
         # Each file's states are judged at its stored dtype's precision too (compare.py reads it).
         manifest = {
             "ids": self.chosen.ids,
-            "tolerances": list(TOLERANCES),
+            "tolerance": getattr(self.args, "tolerance", None),  # --tolerance replaces the rule
             "out": self.out,
             "files": [
                 {
@@ -401,6 +401,7 @@ class Audit(verify_command.Run):
             "model": self.args.model,
             "ids": chosen.ids,
             "ids_given": chosen.ids_given,
+            "precision": precision.for_the_run(getattr(self.args, "tolerance", None)),
             "notes": [note for note in (chosen.ids_note, self._coverage_note(rows)) if note],
             "files_in_data": chosen.total,
             "selection": chosen.selection(),
@@ -445,6 +446,9 @@ def text_lines(document: dict[str, Any]) -> list[str]:
                 for e in bad
             )
             lines.append(f"wrong {row['file']}: {said or row.get('why')}")
+        elif row["status"] == "ok" and any(e.get("note") for e in row.get("per_id") or []):
+            said = "; ".join(f"id {e['id']}: {e['note']}" for e in row["per_id"] if e.get("note"))
+            lines.append(f"ok    {row['file']}: {said}")
         elif row["status"] == "n/a":
             lines.append(f"n/a   {row['file']}: {row.get('why')}")
     lines += [f"note: {note}" for note in document.get("notes") or []]
@@ -490,6 +494,16 @@ def _without_engine(args: argparse.Namespace, chosen: Chosen) -> int:
     print(json.dumps(document, indent=2) if args.json else audit.text(None), flush=True)
     code: int = document["exit_code"]
     return code
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number > 0")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -572,6 +586,12 @@ def add_parser(commands: Any) -> None:
         default=0,
         metavar="R",
         help="the shard this run audits, 0 to W-1 (default 0)",
+    )
+    audit.add_argument(
+        "--tolerance",
+        type=_tolerance,
+        help="the largest per-token relative difference of a right state, for every file and id,"
+        " no token over it allowed (default: the precision rule, by each file's dtype and the engine's)",
     )
     own_engine.add_options(
         audit, "where the engine's processes write their records and results (not in DATA)"

@@ -14,9 +14,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.audit import compare, files
+from vllm_hotfix.audit import compare, files, precision
 
 MANIFEST_VAR = "VLLMHOTFIX_AUDIT_MANIFEST"  # set by `vllm-hotfix audit` for its engine's processes
+_MOE_LAYERS = ("RoutedExperts", "FusedMoE")  # vLLM's expert layer, by release
 
 
 def attach(model: Any, ids: Sequence[int]) -> None:
@@ -30,7 +31,7 @@ def attach(model: Any, ids: Sequence[int]) -> None:
 
     if runtime.ranks()["tp"] != 0:
         return
-    auditor = Auditor(path, ids)
+    auditor = Auditor(path, ids, moe=has_routed_experts(model))
 
     def after_forward(module: Any, args: Any, kwargs: Any, output: Any) -> None:
         if not (isinstance(output, tuple) and len(output) == 2 and isinstance(output[1], (list, tuple))):
@@ -49,6 +50,12 @@ def attach(model: Any, ids: Sequence[int]) -> None:
     model.register_forward_hook(after_forward, with_kwargs=True)
 
 
+def has_routed_experts(model: Any) -> bool:
+    """Whether the model routes tokens to experts: a vLLM MoE layer in it (`RoutedExperts`, named
+    `FusedMoE` in older releases, or a subclass). Its tokens may differ for numeric reasons."""
+    return any(any(cls.__name__ in _MOE_LAYERS for cls in type(module).__mro__) for module in model.modules())
+
+
 def segments(positions: Any) -> list[tuple[int, int]]:
     """(start, end) of each prompt of a forward: a prompt starts where its position is 0."""
     starts = [int(i) for i in (positions == 0).nonzero().flatten()]
@@ -61,13 +68,14 @@ class Auditor:
     file that cannot be judged (unreadable since its header was read, a shape the engine's states
     do not match) is `n/a` with why, and costs no other file of the forward its judgement."""
 
-    def __init__(self, manifest_path: str, engine_ids: Sequence[int]) -> None:
+    def __init__(self, manifest_path: str, engine_ids: Sequence[int], moe: bool = False) -> None:
         from vllm_hotfix.verify import settings as verify_settings
 
         with open(manifest_path, encoding="utf-8") as handle:
             manifest = json.load(handle)
         self.ids: list[int] = manifest["ids"]
-        self.tolerance_16bit, self.tolerance_32bit = manifest["tolerances"]
+        self.tolerance: float | None = manifest.get("tolerance")  # --tolerance: replaces the rule
+        self.moe = moe
         self.out: str = manifest["out"]
         self.engine_ids = list(engine_ids)
         self.checked_tokens = verify_settings.read().tokens  # what the pre-flight compares per forward
@@ -80,9 +88,7 @@ class Auditor:
     def forward(self, input_ids: Any, positions: Any, aux: Sequence[Any]) -> None:
         """One forward of the engine: its flattened tokens, positions and aux states (one
         [tokens, hidden] tensor per engine id)."""
-        import torch
-
-        tolerance = self.tolerance_32bit if aux[0].dtype == torch.float32 else self.tolerance_16bit
+        engine_dtype = aux[0].dtype
         for start, end in segments(positions):
             matches = self.by_tokens.pop(files.tokens_key(input_ids[start:end].tolist()), [])
             if not matches:
@@ -94,13 +100,13 @@ class Auditor:
             for index in matches:
                 entry = self.entries[index]
                 try:
-                    result = self._judge(entry, references, tolerance)
+                    result = self._judge(entry, references, engine_dtype)
                 except Exception as error:  # this file alone: the others of the forward are judged
                     result = {"status": "n/a", "why": f"not judged: {type(error).__name__}: {error}"}
                 result["not_preflighted_tokens"] = unchecked
                 self._write(index, entry["path"], result)
 
-    def _judge(self, entry: dict[str, Any], references: dict[int, Any], tolerance: float) -> dict[str, Any]:
+    def _judge(self, entry: dict[str, Any], references: dict[int, Any], engine_dtype: Any) -> dict[str, Any]:
         from safetensors import safe_open
 
         try:
@@ -108,13 +114,28 @@ class Auditor:
                 stored = handle.get_slice(files.STATES)[: int(entry["rows"])]
         except Exception as error:  # the file changed or broke since its header was read
             return {"status": "n/a", "why": f"unreadable: {type(error).__name__}: {error}"}
-        # entry["dtype"], the file's stored precision, is there for the judgement's tolerance
-        per_id = compare.judge(stored, self.ids, references, tolerance)
-        status = "wrong" if any(e["status"] == "wrong" for e in per_id) else "ok"
-        return {"status": status, "per_id": per_id}
+        try:
+            rule = precision.rule(
+                compare.stored_precision(stored), engine_dtype, int(stored.shape[0]), self.moe, self.tolerance
+            )
+        except ValueError as error:
+            return {"status": "n/a", "why": str(error)}
+        per_id = compare.judge(stored, self.ids, references, rule)
+        result: dict[str, Any] = {"status": _status(per_id), "precision": rule.as_dict(), "per_id": per_id}
+        errors = [e["why"] for e in per_id if e.get("error")]
+        if errors:
+            result["why"] = f"id {next(e['id'] for e in per_id if e.get('error'))}: {errors[0]}"
+            result["error"] = True
+        return result
 
     def _write(self, index: int, path: str, result: dict[str, Any]) -> None:
         final = os.path.join(self.out, f"{index}.json")
         with open(final + ".tmp", "w", encoding="utf-8") as handle:
             json.dump({"file": path, **result}, handle)
         os.replace(final + ".tmp", final)
+
+
+def _status(per_id: list[dict[str, Any]]) -> str:
+    """A file's status from its ids': wrong if one is; else n/a if one could not be judged."""
+    statuses = {entry["status"] for entry in per_id}
+    return "wrong" if "wrong" in statuses else "n/a" if "n/a" in statuses else "ok"
