@@ -157,7 +157,7 @@ def in_vllm_order(ids: list[int]) -> tuple[list[int], str | None]:
     if ordered == ids:
         return ordered, None
     return ordered, (
-        f"--ids {','.join(map(str, ids))}: vLLM returns aux states in ascending layer order, whatever"
-        f" order the config lists; slot i of the states is layer {ordered}[i], and this run works in"
-        " that order"
+        f"--ids {','.join(map(str, ids))} read in vLLM's order {','.join(map(str, ordered))}: vLLM"
+        " returns and stores aux states in ascending layer order whatever order its config lists"
+        " them; slot i of the states (and of the files' columns) is the i-th smallest id"
     )

@@ -34,7 +34,7 @@ from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit import precision
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.audit.worker import MANIFEST_VAR
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
+from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order
 from vllm_hotfix.errors import one_line
 from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
@@ -68,13 +68,7 @@ class Chosen:
 
     @property
     def ids_note(self) -> str | None:
-        if self.ids_given is None or self.ids_given == self.ids:
-            return None
-        return (
-            f"--ids {','.join(map(str, self.ids_given))} read in vLLM's order {','.join(map(str, self.ids))}:"
-            " vLLM returns and stores aux states in ascending layer order whatever order its config"
-            " lists them, and the files' columns are read so"
-        )
+        return None if self.ids_given is None else in_vllm_order(self.ids_given)[1]
 
     def judged_tokens(self, found: files_mod.DataFile) -> int:
         """The tokens of `found` the audit recomputes and judges: its first --max-tokens."""
@@ -149,7 +143,7 @@ def choose(args: argparse.Namespace) -> Chosen:
     found = files_mod.listing(root)
     if not found.files:
         raise UsageError(f"DATA {args.data}: no {files_mod.SUFFIX} files in it")
-    ids = sorted(args.ids)
+    ids, _ = in_vllm_order(args.ids)
     sample = None if args.all else (args.sample or DEFAULT_SAMPLE)
     chosen = Chosen(root, ids, total=len(found.files), links=found.links, digest=found.digest)
     chosen.ids_given, chosen.max_tokens, chosen.seed = list(args.ids), args.max_tokens, args.seed
