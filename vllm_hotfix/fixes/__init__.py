@@ -8,6 +8,7 @@ from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
 from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
 from vllm_hotfix.fixes.hidden_states_padding_slot import HiddenStatesPaddingSlot
+from vllm_hotfix.fixes.hidden_states_prefix_cache import HiddenStatesPrefixCache
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
 
@@ -19,6 +20,7 @@ ALL_FIXES: tuple[Fix, ...] = (
     SharedCaptureId0(),
     HiddenStatesPaddingSlot(),
     HiddenStatesHybridBlock(),
+    HiddenStatesPrefixCache(),
 )
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 
