@@ -69,3 +69,30 @@ def test_a_second_guard_is_unknown() -> None:
 
 def test_unparsable_is_unknown() -> None:
     assert FIX.probe_source("def broken(:\n", {}).verdict is Decision.UNKNOWN
+
+
+@pytest.mark.parametrize(("dist", "version"), AFFECTED)
+def test_the_fixed_function_turns_prefix_caching_off_for_this_connector_only(dist, version) -> None:
+    """The generated function, run on a config of each kind: off (and one warning) for
+    ExampleHiddenStatesConnector, vLLM's choice for another connector and for none."""
+    from types import SimpleNamespace
+
+    source, _ = _case(dist, version)
+    warnings: list[tuple[object, ...]] = []
+    namespace: dict[str, object] = {"logger": SimpleNamespace(warning=lambda *args: warnings.append(args))}
+    exec(FIX.transform_source(source), namespace)
+    fixed = namespace["_post_init_kv_transfer_config"]
+    for connector, caching in (
+        ("ExampleHiddenStatesConnector", False),
+        ("NixlConnector", True),
+        (None, True),
+    ):
+        transfer = None if connector is None else SimpleNamespace(kv_connector=connector)
+        config = SimpleNamespace(
+            kv_transfer_config=transfer,
+            scheduler_config=SimpleNamespace(enable_chunked_prefill=False),
+            cache_config=SimpleNamespace(enable_prefix_caching=True, kv_offloading_size=None),
+        )
+        fixed(config)  # type: ignore[operator]
+        assert config.cache_config.enable_prefix_caching is caching, connector
+    assert len(warnings) == 1 and "vLLM issue #44485" in str(warnings[0][0])
