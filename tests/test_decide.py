@@ -123,3 +123,25 @@ def test_a_method_closing_over_anything_else_is_unknown(
     module.Scaler.scale = module.closure_over_k()
     plan = decide(fix, module, NO_SWITCHES, None)
     assert plan is not None and plan.decision is Decision.UNKNOWN and "is a closure" in plan.reason
+
+
+def test_a_related_module_is_read_from_its_file_without_importing_its_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package whose import fails while the fix is decided (vLLM's halfway through its own
+    imports) still gives its submodule's text; a missing module gives None."""
+    import sys
+
+    from vllm_hotfix.decide import related_sources
+
+    outer = tmp_path / "toypkg_related"
+    (outer / "inner").mkdir(parents=True)
+    (outer / "__init__.py").write_text("raise ImportError('not importable now')\n")
+    (outer / "inner" / "__init__.py").write_text("raise ImportError('not importable now')\n")
+    (outer / "inner" / "target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fix = ToyFix()
+    monkeypatch.setattr(fix, "related", ("toypkg_related.inner.target", "toypkg_related.inner.missing"))
+    texts = related_sources(fix)
+    assert texts == {"toypkg_related.inner.target": "VALUE = 1\n", "toypkg_related.inner.missing": None}
+    assert "toypkg_related" not in sys.modules

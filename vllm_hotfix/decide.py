@@ -37,15 +37,39 @@ def related_sources(fix: Fix) -> dict[str, str | None]:
 
 
 def _module_source(name: str) -> str | None:
-    """A related module's source text, read from its file without executing it."""
+    """A related module's source text, read from its file without executing it or its packages.
+
+    Only the top-level package is looked up by the import system (vLLM, imported already); the rest
+    of the dotted name is followed on the file system. Importing the parent packages instead could
+    run them halfway through vLLM's own imports (a fix decided when `vllm.config.vllm` loads reads
+    a module under `vllm.distributed`, whose package imports `vllm.config`)."""
+    top, _, rest = name.partition(".")
     try:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.origin:
-            return None
-        with open(spec.origin, encoding="utf-8") as handle:
-            return handle.read()
-    except (ImportError, OSError, ValueError):
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
         return None
+    if spec is None:
+        return None
+    path, locations = spec.origin, list(spec.submodule_search_locations or ())
+    for part in rest.split(".") if rest else ():
+        path = _child_file(locations, part)
+        if path is None:
+            return None
+        locations = [os.path.dirname(path)] if path.endswith("__init__.py") else []
+    try:
+        with open(path or "", encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _child_file(locations: list[str], part: str) -> str | None:
+    """The file of submodule `part` of a package found at `locations`: its `__init__.py` or `.py`."""
+    for location in locations:
+        for candidate in (os.path.join(location, part, "__init__.py"), os.path.join(location, f"{part}.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
 
 
 def _version_note(fix: Fix, verdict: Decision, version: VllmVersion | None) -> str:

@@ -10,6 +10,7 @@ from vllm_hotfix.fixes.eagle3_nested_layer_ids import Eagle3NestedLayerIds
 from vllm_hotfix.fixes.extract_next_token import ExtractNextToken
 from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
 from vllm_hotfix.fixes.hidden_states_padding_slot import HiddenStatesPaddingSlot
+from vllm_hotfix.fixes.hidden_states_prefix_cache import HiddenStatesPrefixCache
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
 
@@ -23,6 +24,7 @@ ALL_FIXES: tuple[Fix, ...] = (
     HiddenStatesHybridBlock(),
     Eagle3NestedLayerIds(),
     ExtractNextToken(),
+    HiddenStatesPrefixCache(),
 )
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 

@@ -5,78 +5,68 @@ The connector rebuilds a finished request's slots as `block_id * self._block_siz
 (Mamba or linear attention beside attention) vLLM raises `cache_config.block_size` to a common
 multiple (e.g. 528) while the hidden-states KV-cache group keeps its own, smaller block size (e.g.
 22): the connector reads slots that were never written and saves zeros (at scale, reads out of
-bounds). Upstream (vLLM PR #46301, released in 0.25.0) finds the hidden-states group by its spec
-(`HiddenStateCacheSpec`) and reads the block size from that group's spec. This fix replaces the one
-assignment in the installed `__init__` with upstream's two, and gives them upstream's two helpers
-(`_find_cache_kv_group_id`, `_get_cache_block_size`, added to the class upstream; bound here as
-plain functions, since the installed class has no such methods). Upstream's other part, a
-`ValueError` in `register_kv_caches` when that block size differs from the buffer's, is not made.
+bounds). Upstream (vLLM PR #46301, released in 0.25.0) reads the block size from the hidden-states
+group's spec. It finds that group with two helpers it added to the class, the second of which raises
+a `ValueError` at start-up when no group, or more than one, has a `HiddenStateCacheSpec`.
+
+The installed 0.24.0 `__init__` already finds the hidden-states group itself (`self._hs_group_idx`,
+by its layer's name), and the connector reads that group's block ids. This fix derives the change
+from that installed code instead of carrying upstream's helpers: right after the installed lookup it
+reads the block size from that group's spec (`kv_cache_groups[self._hs_group_idx].kv_cache_spec
+.block_size`), which is upstream's value wherever upstream starts, and consistent with the block ids
+the connector reads. Nothing of upstream's code is copied, and the fix adds no refusal: a model stock
+0.24.0 starts, the fixed connector starts. Upstream's other part, a `ValueError` in
+`register_kv_caches` when that block size differs from the buffer's, is not made.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import textwrap
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
 
 from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
 
 BUGGY = "self._block_size = vllm_config.cache_config.block_size"
-# 0.24.0 reads the blocks of the hidden-states KV-cache group (found by its layer's name); earlier
-# connectors read group 0 (0.22.0-0.23.0) or run without the hybrid KV-cache manager (0.17.0-0.21.0).
+# 0.24.0 finds the hidden-states KV-cache group (by its layer's name): `_hs_group_idx` starts at 0 and
+# the next statement, `if self._kv_cache_config is not None:`, searches the groups. Earlier connectors
+# read group 0 (0.22.0-0.23.0) or run without the hybrid KV-cache manager (0.17.0-0.21.0).
 GROUP_LOOKUP = "self._hs_group_idx: int = 0"
-FIND = "_find_cache_kv_group_id"
-GET = "_get_cache_block_size"
-# Upstream's statements, with the helpers it added to the class called as bound names.
-UPSTREAM_STATEMENTS = (
-    "# Read the hidden-states group and its block size from the group spec;\n"
-    "# cache_config.block_size is bumped (wrong) for hybrid verifiers.\n"
-    f"self._cache_kv_group_id = {FIND}(kv_cache_config)\n"
-    f"self._block_size = {GET}(\n"
-    "    vllm_config, kv_cache_config, self._cache_kv_group_id\n"
-    ")\n"
+HAS_CONFIG = "self._kv_cache_config is not None"
+GROUP_SPEC_BLOCK = "self._kv_cache_config.kv_cache_groups[self._hs_group_idx].kv_cache_spec.block_size"
+DERIVED = (
+    "# The hidden-states group's own block size, read from its spec as vLLM 0.25.0\n"
+    "# does (vLLM PR #46301): cache_config.block_size is raised for hybrid models.\n"
+    f"if {HAS_CONFIG}:\n"
+    "    self._block_size = self._kv_cache_config.kv_cache_groups[\n"
+    "        self._hs_group_idx\n"
+    "    ].kv_cache_spec.block_size\n"
 )
-FIXED_SHAPES = (  # upstream's (methods of the class) and this fix's (bound names)
-    f"self._block_size = self.{GET}(vllm_config, kv_cache_config, self._cache_kv_group_id)",
-    f"self._block_size = {GET}(vllm_config, kv_cache_config, self._cache_kv_group_id)",
+FIXED_SHAPES = (  # upstream's (0.25.0) and this fix's
+    "self._block_size = self._get_cache_block_size(vllm_config, kv_cache_config, self._cache_kv_group_id)",
+    f"self._block_size = {GROUP_SPEC_BLOCK}",
 )
-
-
-def _find_cache_kv_group_id(kv_cache_config: Any) -> int:
-    """Index of the KV cache group holding the extracted hidden states (upstream's, vLLM 0.25.0)."""
-    if kv_cache_config is None:
-        return 0
-
-    from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
-
-    groups = kv_cache_config.kv_cache_groups
-    group_ids = [
-        gid for gid, group in enumerate(groups) if isinstance(group.kv_cache_spec, HiddenStateCacheSpec)
-    ]
-    if len(group_ids) == 1:
-        return group_ids[0]
-    if not group_ids and len(groups) == 1:
-        return 0
-    raise ValueError(
-        "Could not uniquely identify the extract-hidden-states KV cache "
-        f"group among {len(groups)} groups; the hidden-states layer must be "
-        "isolated in its own group (MLA verifiers are unsupported)."
-    )
-
-
-def _get_cache_block_size(vllm_config: Any, kv_cache_config: Any, cache_kv_group_id: int) -> int:
-    """Block size of the hidden-states group, read from its own spec (upstream's, vLLM 0.25.0)."""
-    if kv_cache_config is None:
-        return vllm_config.cache_config.block_size
-    cache_group = kv_cache_config.kv_cache_groups[cache_kv_group_id]
-    return cache_group.kv_cache_spec.block_size
 
 
 def _buggy_statements(function: ast.FunctionDef) -> list[ast.stmt]:
     return [stmt for stmt in function.body if same_code(stmt, BUGGY)]
+
+
+def _group_lookup(function: ast.FunctionDef) -> ast.If | None:
+    """0.24.0's search of the hidden-states group: the `if` right after `_hs_group_idx: int = 0`
+    that assigns `self._hs_group_idx`; None if the function has no such lookup."""
+    body = function.body
+    for stmt, after in itertools.pairwise(body):
+        if (
+            same_code(stmt, GROUP_LOOKUP)
+            and isinstance(after, ast.If)
+            and same_code(after.test, HAS_CONFIG)
+            and contains_code(after, "self._hs_group_idx = i")
+        ):
+            return after
+    return None
 
 
 class HiddenStatesHybridBlock(Fix):
@@ -97,8 +87,8 @@ class HiddenStatesHybridBlock(Fix):
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
-        if any(same_code(stmt, shape) for stmt in function.body for shape in FIXED_SHAPES):
-            return Probe(Decision.FIXED_UPSTREAM, f"the block size is the hidden-states group's (`{GET}`)")
+        if any(contains_code(function, shape) for shape in FIXED_SHAPES):
+            return Probe(Decision.FIXED_UPSTREAM, "the block size is the hidden-states group's (its spec's)")
         missing = []
         names = [a.arg for a in function.args.args]
         if "vllm_config" not in names or "kv_cache_config" not in names:
@@ -113,24 +103,28 @@ class HiddenStatesHybridBlock(Fix):
         if not any(same_code(stmt, GROUP_LOOKUP) for stmt in function.body):
             return Probe(
                 Decision.NOT_AFFECTED,
-                "a connector from before the hidden-states group lookup (vLLM 0.24.0): it reads group 0"
-                " or runs without the hybrid KV-cache manager; this fix repairs the block size of the"
-                " 0.24.0 lookup only (hybrid models: use vLLM 0.25.0 or newer)",
+                "a connector from before the hidden-states group lookup (vLLM 0.24.0), so no block size"
+                " of that group to read: 0.17.0-0.21.0's runs without the hybrid KV-cache manager;"
+                " 0.22.0-0.23.0's saves from the step's slot mapping, whose own defect (rows lost under"
+                " prefix caching, vLLM issue #44485) is the fix hidden-states-prefix-cache's",
+            )
+        if _group_lookup(function) is None:
+            return Probe(
+                Decision.UNKNOWN,
+                "not the known shape of the connector's __init__; missing: right after"
+                f" `{GROUP_LOOKUP}`, an `if {HAS_CONFIG}:` that sets `self._hs_group_idx = i`",
             )
         return Probe(
             Decision.PATCHED,
             "slots are rebuilt with the global cache_config.block_size, which hybrid models raise above"
             " the hidden-states group's: the connector saves slots never written (zeros);"
-            f" fixed: the group's own block size (`{GET}`)",
+            f" fixed: after the group lookup, `self._block_size = {GROUP_SPEC_BLOCK}`",
         )
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        (statement,) = _buggy_statements(self.parse_function(text))
-        assert statement.end_lineno is not None
+        lookup = _group_lookup(self.parse_function(text))
+        assert lookup is not None and lookup.end_lineno is not None
         lines = text.splitlines(keepends=True)
-        replacement = textwrap.indent(UPSTREAM_STATEMENTS, " " * statement.col_offset)
-        return "".join(lines[: statement.lineno - 1]) + replacement + "".join(lines[statement.end_lineno :])
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        return {FIND: _find_cache_kv_group_id, GET: _get_cache_block_size}
+        addition = textwrap.indent(DERIVED, " " * lookup.col_offset)
+        return "".join(lines[: lookup.end_lineno]) + addition + "".join(lines[lookup.end_lineno :])
