@@ -15,7 +15,7 @@ import pytest
 from harness.testenv import REPO, outside_checkout
 from vllm_hotfix import cli, exit_codes
 from vllm_hotfix._version import __version__
-from vllm_hotfix.cli_output import SCHEMA, Parser
+from vllm_hotfix.cli_output import SCHEMA, SCHEMAS, Parser
 
 
 def run(*argv: str) -> int:
@@ -61,7 +61,7 @@ def test_a_usage_error_under_json_is_a_document(capsys: pytest.CaptureFixture[st
         cli.main(["audit", "data", "model", "--json", "--seed", "banana"])
     assert stop.value.code == exit_codes.USAGE
     document = json.loads(capsys.readouterr().out)
-    assert document["schema"] == SCHEMA and document["exit_code"] == exit_codes.USAGE
+    assert document["schema"] == SCHEMAS["audit"] and document["exit_code"] == exit_codes.USAGE
     assert document["command"] == "audit" and "banana" in document["error"]
 
 

@@ -117,7 +117,9 @@ def test_an_unreadable_index_exits_3(
     assert json.loads(out) == {
         "schema": SCHEMA,
         "command": "releases",
+        "verdict": "UNKNOWN",
         "exit_code": exit_codes.ERROR,
+        "reason": "PyPI's index could not be read: no route to host",
         "error": "no route to host",
         "releases": [],
     }

@@ -117,7 +117,7 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
         assert not agree["ok"] and agree["max_rel_diff"] > 0.1 and agree["worst_id"] == 1, agree
         assert max(report["tokens"]) > CUT  # cut forwards (prefills) FAIL too: every forward is checked
         assert report["count"]["ok"] and report["finite"]["ok"]
-        assert [e["status"] for e in report["per_id"]] == ["FAIL", "ok", "ok"], report["per_id"]
+        assert [e["status"] for e in report["per_id"]] == ["wrong", "ok", "ok"], report["per_id"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")
     assert re.search(r"ranks agree: FAIL \(max rel diff 0\.\d+.* worst at id 1\)", run["stdout"]), _describe(
         run
@@ -136,10 +136,10 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
 # the same size.
 # Each: (the faults, every id's expected status).
 PLANTED = {
-    "next+afternorm": ("0:0:next,0:2:afternorm", ["FAIL", "ok", "FAIL"]),
-    "scale+alias": ("0:0:scale,0:1:alias", ["FAIL", "FAIL", "ok"]),
-    "zero": ("0:2:zero", ["ok", "ok", "FAIL"]),
-    "stale": ("0:1:stale", ["ok", "FAIL", "ok"]),
+    "next+afternorm": ("0:0:next,0:2:afternorm", ["wrong", "ok", "wrong"]),
+    "scale+alias": ("0:0:scale,0:1:alias", ["wrong", "wrong", "ok"]),
+    "zero": ("0:2:zero", ["ok", "ok", "wrong"]),
+    "stale": ("0:1:stale", ["ok", "wrong", "ok"]),
 }
 LONG_PLANTED = {"zero", "stale"}
 
@@ -158,7 +158,7 @@ def _assert_fails_exactly_its_ids(run: dict[str, Any], planted: str) -> None:
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL", report
     assert [e["status"] for e in report["per_id"]] == expected, report["per_id"]
-    failed = [e for e in report["per_id"] if e["status"] == "FAIL"]
+    failed = [e for e in report["per_id"] if e["status"] == "wrong"]
     assert all(e["max_rel_diff"] > 0.1 for e in failed), failed  # far beyond the 2e-2 tolerance
     assert report["count"]["ok"] and report["finite"]["ok"]
 
@@ -227,7 +227,7 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "batch_sizes": [1, 2],
         "decode_tokens": 2,
     }
-    assert found["schema"] == 3 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
+    assert found["schema"] == 4 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
     assert found["coverage"] == {"ok": True, "not_compared": [], "partly_compared": []}  # every forward
     (rank,) = found["ranks"]
     assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
@@ -249,7 +249,7 @@ def test_tp1_eager_fails_a_wrong_final_state(verify) -> None:
     assert run["code"] == 1, _describe(run)
     (report,) = run["reports"]
     assert report["verdict"] == "FAIL" and report["ranks_agree"]["ok"], report
-    assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "FAIL"], report["per_id"]
+    assert [e["status"] for e in report["per_id"]] == ["ok", "ok", "wrong"], report["per_id"]
     assert report["per_id"][-1]["max_rel_diff"] > 0.1, report["per_id"]
     assert report["compilation"]["mode"] == "NONE", report["compilation"]  # the user's choice, reported
 

@@ -235,16 +235,16 @@ def test_per_id_figures_over_ranks() -> None:
         }
 
     rank0 = worker(0, 2, per_id=[entry(2, "ok", 0.001), entry(4, "n/a", None, "no norm")])
-    rank1 = worker(1, 2, per_id=[entry(2, "FAIL", 0.9, "partial sum"), entry(4, "n/a", None, "no norm")])
+    rank1 = worker(1, 2, per_id=[entry(2, "wrong", 0.9, "partial sum"), entry(4, "n/a", None, "no norm")])
     merged = outcome.per_id([rank0, rank1])
     assert [(row["id"], row["status"], row["max_rel_diff"]) for row in merged] == [
-        (2, "FAIL", 0.9),
+        (2, "wrong", 0.9),
         (4, "n/a", None),
     ]
-    assert merged[0]["ranks"] == {"0": "ok", "1": "FAIL"} and merged[0]["why"] == "partial sum"
+    assert merged[0]["ranks"] == {"0": "ok", "1": "wrong"} and merged[0]["why"] == "partial sum"
     assert outcome.per_id([worker()]) == []  # reports without per-id figures
     text = command.format_reports([rank1])
-    assert "id 2: FAIL (max rel diff 0.9 vs r): partial sum" in text
+    assert "id 2: wrong (max rel diff 0.9 vs r): partial sum" in text
 
 
 def test_engine_arguments_pass_through_and_status_takes_none() -> None:
@@ -441,7 +441,7 @@ def test_the_temporary_report_directory_is_removed_at_every_end(
 ) -> None:
     code, out, made = _end_early(monkeypatch, ["--json"], stop)
     found = json.loads(out)
-    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 3
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 4
     assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
 
 
@@ -458,7 +458,7 @@ def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as stop:
             cli.parse(["verify", "M", *argv])
         found = json.loads(capsys.readouterr().out)
-        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 3
+        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 4
         assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
     with pytest.raises(SystemExit):  # without --json stdout stays empty
         cli.parse(["verify", "M", "--ids", "1,x"])

@@ -146,7 +146,7 @@ def test_a_planted_fault_fails_its_ids(fault: str, form: str) -> None:
     taps = taps_mod.attach(model, HIDDEN, 64)
     plant, expected = PLANTED[fault]
     statuses, found = _check(model, taps, plant)
-    assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not found.ok, found.per_id
 
 
 def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
@@ -165,7 +165,7 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     bad = check_step(plant(aux), out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
-    assert {e["id"] for e in bad.per_id if e["status"] == "FAIL"} == expected and not bad.ok, bad.per_id
+    assert {e["id"] for e in bad.per_id if e["status"] == "wrong"} == expected and not bad.ok, bad.per_id
     whole = check_step(aux, out, IDS, 3, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
     assert whole.checked == 3 and _report(whole)["checked_tokens"] == [3]
 
@@ -264,7 +264,7 @@ def test_sequence_parallel_shards_are_compared_as_shards(tokens, rows) -> None:
     assert entry["status"] == "ok", entry
     assert "sequence-parallel shards" in entry["reference"]
     scaled = _sharded_step(tokens, rows, plant=lambda state: state * 1.5)
-    assert scaled["status"] == "FAIL" and scaled["max_rel_diff"] > 0.1, scaled
+    assert scaled["status"] == "wrong" and scaled["max_rel_diff"] > 0.1, scaled
 
 
 def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
@@ -452,7 +452,7 @@ def test_the_transformers_backends_layers_are_tapped(compiled: bool) -> None:
             out, aux = forward(torch.randn(TOKENS, HIDDEN))
         found = check_step(aux, out, ids, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
         statuses = {e["id"]: e["status"] for e in found.per_id}
-        assert {i for i, s in statuses.items() if s == "FAIL"} == expected, found.per_id
+        assert {i for i, s in statuses.items() if s == "wrong"} == expected, found.per_id
         assert all(s == "ok" for i, s in statuses.items() if i not in expected), found.per_id
 
 
@@ -497,7 +497,7 @@ def test_layers_that_discard_the_residual_are_compared_on_their_stream() -> None
     statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
     assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
     statuses, found = _check(model, taps, lambda aux: [aux[0], aux[1] * 1.5, aux[2], aux[3]])
-    assert {i for i, s in statuses.items() if s == "FAIL"} == {1} and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == {1} and not found.ok, found.per_id
 
 
 def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) -> None:
@@ -506,7 +506,7 @@ def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) 
     model = PreviousBackbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert {i for i, s in statuses.items() if s == "FAIL"} == {1, 2, 4} and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == {1, 2, 4} and not found.ok, found.per_id
 
 
 @pytest.mark.parametrize(
@@ -629,7 +629,7 @@ def test_a_pair_is_tapped_where_its_norm_returns_the_stream() -> None:
     assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
     plant, expected = PLANTED["zero"]
     statuses, found = _check(model, taps, plant)
-    assert {i for i, s in statuses.items() if s == "FAIL"} == expected and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not found.ok, found.per_id
 
 
 def _reader_norms(model) -> list:

@@ -65,7 +65,7 @@ def _statuses(entry: dict[str, Any]) -> dict[int, str]:
 def test_stock_partial_sums_fail_per_id_against_the_reduced_stream(ranks) -> None:
     for rank in ranks:
         stock = _entry(rank, "stock", [1, 2, 3])
-        assert _statuses(stock) == {1: "FAIL", 2: "FAIL", 3: "FAIL"}, stock["per_id"]
+        assert _statuses(stock) == {1: "wrong", 2: "wrong", 3: "wrong"}, stock["per_id"]
         for entry in stock["per_id"]:
             assert "(reduced: the sum of 2 ranks' partial hidden_states" in entry["reference"], entry
             assert entry["max_rel_diff"] > 0.1, entry
@@ -98,9 +98,9 @@ def test_a_planted_fault_fails_its_ids_and_only_those(ranks, fault) -> None:
     """Each of these passed the ranks-agree check (every rank holds the same wrong value)."""
     for rank in ranks:
         entry = _entry(rank, f"planted-{fault}", [1, 2, 3, 4])
-        failed = {i for i, status in _statuses(entry).items() if status == "FAIL"}
+        failed = {i for i, status in _statuses(entry).items() if status == "wrong"}
         assert failed == PLANTED[fault], entry["per_id"]
-        assert set(_statuses(entry).values()) <= {"ok", "FAIL"}, entry["per_id"]
+        assert set(_statuses(entry).values()) <= {"ok", "wrong"}, entry["per_id"]
         assert entry["ranks_agree"] and not entry["ok"], entry
 
 
@@ -122,7 +122,7 @@ def test_the_id0_alias_under_in_place_norms_fails_and_the_patched_copy_passes(gp
         assert rank["vllm"] == NEWEST and rank["patched"]
         assert _statuses(_entry(rank, "stock", ids))[0] == "ok"  # functional norms: no alias
         aliased = _entry(rank, "stock-gpu-norms", ids)["per_id"][0]
-        assert aliased["status"] == "FAIL" and aliased["max_rel_diff"] > 0.1, aliased
+        assert aliased["status"] == "wrong" and aliased["max_rel_diff"] > 0.1, aliased
         assert aliased["reference"] == "the embeddings entering layer 0"
         for label in ("patched", "patched-gpu-norms"):
             patched = _entry(rank, label, ids)

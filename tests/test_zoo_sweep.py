@@ -106,7 +106,7 @@ def test_under_the_in_place_norms_stock_id_0_fails_alone(sweep: zoo.Sweep, famil
     assert (row.verdict, row.exit_code) == ("FAIL", 1), described
     assert row.mode == "compiled, TP=1, in-place norms, fix shared-capture-id0 off", described
     statuses = [(e["id"], e["status"]) for e in row.per_id]
-    assert statuses == [(0, "FAIL"), (1, "ok"), (2, "ok"), (4, "ok")], described
+    assert statuses == [(0, "wrong"), (1, "ok"), (2, "ok"), (4, "ok")], described
     assert row.per_id[0]["max_rel_diff"] > 0.1 and all(e["max_rel_diff"] < TOLERANCE for e in row.per_id[1:])
     assert row.ok, described
 
@@ -143,7 +143,7 @@ def test_the_mode_is_read_from_vllms_engine_config_line() -> None:
 
 def _document(verdict: str, statuses: list[str], code: int, ids: list[int] = IDS) -> str:
     per_id = [
-        {"id": i, "status": s, "max_rel_diff": 0.5 if s == "FAIL" else 3e-3, "why": None}
+        {"id": i, "status": s, "max_rel_diff": 0.5 if s == "wrong" else 3e-3, "why": None}
         for i, s in zip(ids, statuses, strict=True)
     ]
     rank = {"model": "LlamaForCausalLM", "vllm_version": NEWEST}
@@ -158,8 +158,8 @@ def test_a_failed_id_makes_the_row_not_ok_and_the_table_says_which() -> None:
         and passed.mode == "compiled, TP=1"
         and zoo.id_cells(passed) == "1 ok 0.003, 2 ok 0.003, 4 ok 0.003"
     )
-    failed = zoo.row_from(family, 1, 1, _document("FAIL", ["ok", "FAIL", "ok"], 1), "", 12.0)
-    assert not failed.ok and "2 FAIL 0.5" in zoo.table([failed]) and "FAIL (exit 1)" in zoo.table([failed])
+    failed = zoo.row_from(family, 1, 1, _document("FAIL", ["ok", "wrong", "ok"], 1), "", 12.0)
+    assert not failed.ok and "2 wrong 0.5" in zoo.table([failed]) and "FAIL (exit 1)" in zoo.table([failed])
     # a PASS that left an id uncompared is no PASS of the sweep's
     unread = zoo.row_from(family, 1, 0, _document("PASS", ["ok", "n/a", "ok"], 0), "", 12.0)
     assert not unread.ok
@@ -188,7 +188,7 @@ PRIORITY_LINE = (
 def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Path) -> None:
     family = zoo.FAMILIES["llama"]
     off = "inplace-fix-off"
-    stock = _document("FAIL", ["FAIL", "ok", "ok", "ok"], 1, INPLACE_IDS)
+    stock = _document("FAIL", ["wrong", "ok", "ok", "ok"], 1, INPLACE_IDS)
     # a run whose log does not show the emulation first is not the mode the row names
     unsure = zoo.row_from(family, 1, 1, stock, ENGINE_LINE, 12.0, off)
     assert unsure.verdict == "ERROR" and not unsure.ok and "not first" in unsure.note
@@ -199,7 +199,7 @@ def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Pa
     # the fix off, yet id 0 ok, or another id failing too: not what the variant expects
     passed = _document("PASS", ["ok"] * 4, 0, INPLACE_IDS)
     assert not zoo.row_from(family, 1, 0, passed, log, 12.0, off).ok
-    two = _document("FAIL", ["FAIL", "FAIL", "ok", "ok"], 1, INPLACE_IDS)
+    two = _document("FAIL", ["wrong", "wrong", "ok", "ok"], 1, INPLACE_IDS)
     assert not zoo.row_from(family, 1, 1, two, log, 12.0, off).ok
     patched = zoo.row_from(family, 1, 0, passed, log, 12.0, "inplace")
     assert patched.ok and not zoo.row_from(family, 1, 1, stock, log, 12.0, "inplace").ok
@@ -215,7 +215,7 @@ def test_a_variant_row_is_ok_as_its_variant_expects_and_saved_apart(tmp_path: Pa
     table = zoo_table(tmp_path)
     assert "| LlamaForCausalLM | compiled, TP=1, in-place norms (the GPU's in-place add-RMSNorm" in table
     assert "`VLLMHOTFIX_DISABLE=shared-capture-id0`; expected: FAIL on id 0 alone)" in table
-    assert "| FAIL (exit 1) | 0 FAIL 0.5, 1 ok 0.003, 2 ok 0.003, 4 ok 0.003 |" in table
+    assert "| FAIL (exit 1) | 0 wrong 0.5, 1 ok 0.003, 2 ok 0.003, 4 ok 0.003 |" in table
 
 
 def _record(path: Path) -> dict[str, Any]:
@@ -247,8 +247,8 @@ def test_qwen3_5s_model_file_imports_only_with_the_torchvision_stub(testenv) -> 
 # ids, the untouched id stays ok. Ids [1, 2, 4] are indices 0, 1, 2: `next`, id 1 holding id 2's
 # state (off-by-one); `alias`, id 2 holding the final state; `scale`, the final state x1.5.
 ZOO_PLANTED = {
-    "next+alias": ("0:0:next,0:1:alias", ["FAIL", "FAIL", "ok"]),
-    "scale": ("0:2:scale", ["ok", "ok", "FAIL"]),
+    "next+alias": ("0:0:next,0:1:alias", ["wrong", "wrong", "ok"]),
+    "scale": ("0:2:scale", ["ok", "ok", "wrong"]),
 }
 
 
@@ -264,4 +264,4 @@ def test_planted_states_fail_exactly_their_ids(sweep: zoo.Sweep, family: str, pl
     described = f"{row}\n{zoo.table([row])}"
     assert (row.verdict, row.exit_code) == ("FAIL", 1), described
     assert [e["status"] for e in row.per_id] == expected, described
-    assert all(e["max_rel_diff"] > 0.1 for e in row.per_id if e["status"] == "FAIL"), described
+    assert all(e["max_rel_diff"] > 0.1 for e in row.per_id if e["status"] == "wrong"), described

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import importlib
 import os
 import sys
+import traceback
+from typing import Any, TextIO
 
 from vllm_hotfix import exit_codes, site_hook
 from vllm_hotfix.cli_output import Parser, UsageError, exit_usage, print_document
+from vllm_hotfix.errors import one_line
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -49,14 +53,15 @@ def _status(args: argparse.Namespace) -> int:
         if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
     settings_problems = report.settings_problems(status)
+    problems = [f"{f['fix']}: {f['decision']}" for f in status["fixes"] if Decision(f["decision"]).is_problem]
     if settings_problems:
-        code = exit_codes.USAGE
-    elif any(Decision(f["decision"]).is_problem for f in status["fixes"]):
-        code = exit_codes.INCOMPLETE
+        code, reason = exit_codes.USAGE, f"invalid setting(s): {'; '.join(settings_problems)}"
+    elif problems:
+        code, reason = exit_codes.INCOMPLETE, f"left out where they may be needed: {', '.join(problems)}"
     else:
-        code = exit_codes.OK
+        code, reason = exit_codes.OK, "no fix is unknown or failed"
     if args.json:
-        print_document("status", code, **status)
+        print_document("status", code, reason, **status)
     else:
         print(report.format_text(status))
         if settings_problems:
@@ -84,7 +89,7 @@ def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
     if args.json:
         from vllm_hotfix import report
 
-        print_document("status", code, reason=line, **report.process_status())
+        print_document("status", code, line, **report.process_status())
     else:
         print(line)
     return code
@@ -102,22 +107,35 @@ def _site_dir(given: str | None) -> str:
     return directory
 
 
+def _say(args: argparse.Namespace, code: int, line: str, **fields: Any) -> int:
+    """A command's outcome: its line (on stderr when it failed), or under --json its document."""
+    if args.json:
+        print_document(args.command, code, line, **fields)
+    else:
+        print(line if code == exit_codes.OK else f"vllm-hotfix {args.command}: {line}", file=_stream(code))
+    return code
+
+
+def _stream(code: int) -> TextIO:
+    return sys.stdout if code == exit_codes.OK else sys.stderr
+
+
 def _install(args: argparse.Namespace) -> int:
     directory = _site_dir(args.site_dir)
     try:
         path = site_hook.install(directory)
     except OSError as error:
-        print(f"vllm-hotfix install-site-hook: {error}", file=sys.stderr)
-        return exit_codes.ERROR
-    print(f"installed the vllm-hotfix site hook: {path}")
+        return _say(args, exit_codes.ERROR, str(error), path=None)
     on_path = {os.path.realpath(entry) for entry in sys.path if entry}
+    note = None
     if os.path.realpath(directory) not in on_path:
-        print(
-            f"vllm-hotfix install-site-hook: note: {directory} is not on this Python's sys.path; only an"
-            " interpreter that has it as a site directory runs the hook",
-            file=sys.stderr,
+        note = (
+            f"{directory} is not on this Python's sys.path; only an interpreter that has it as a site"
+            " directory runs the hook"
         )
-    return exit_codes.OK
+        if not args.json:
+            print(f"vllm-hotfix install-site-hook: note: {note}", file=sys.stderr)
+    return _say(args, exit_codes.OK, f"installed the vllm-hotfix site hook: {path}", path=path, note=note)
 
 
 def _uninstall(args: argparse.Namespace) -> int:
@@ -125,10 +143,9 @@ def _uninstall(args: argparse.Namespace) -> int:
     try:
         path = site_hook.uninstall(directory)
     except OSError as error:
-        print(f"vllm-hotfix uninstall-site-hook: {error}", file=sys.stderr)
-        return exit_codes.ERROR
-    print(f"removed {path}" if path else "the vllm-hotfix site hook was not installed")
-    return exit_codes.OK
+        return _say(args, exit_codes.ERROR, str(error), path=None)
+    line = f"removed {path}" if path else "the vllm-hotfix site hook was not installed"
+    return _say(args, exit_codes.OK, line, path=path)
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -136,6 +153,18 @@ def _clean(args: argparse.Namespace) -> int:
 
     done = clean.clean(None if args.all else args.days, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    which = "whatever their age" if args.all else f"not used for {args.days:g} days"
+    summary = (
+        f"{verb} {len(done.removed)} generated source(s) {which}"
+        f" ({done.removed_bytes / 1024:.0f} KiB); kept {len(done.kept)}"
+        + ("" if args.all else f" used within {args.days:g} days")
+        + " (or by this process)"
+    )
+    code = exit_codes.INCOMPLETE if done.skipped or done.failed else exit_codes.OK
+    if args.json:
+        fields = {"dry_run": args.dry_run, "days": None if args.all else args.days}
+        print_document("clean", code, summary, **fields, **dataclasses.asdict(done))
+        return code
     for path in done.removed:
         print(f"{verb} {path}")
     for line in done.skipped:
@@ -144,15 +173,8 @@ def _clean(args: argparse.Namespace) -> int:
         )
     for line in done.failed:
         print(f"vllm-hotfix clean: could not remove from {line}", file=sys.stderr)
-    which = "whatever their age" if args.all else f"not used for {args.days:g} days"
-    print(
-        f"vllm-hotfix clean: {verb} {len(done.removed)} generated source(s) {which}"
-        f" ({done.removed_bytes / 1024:.0f} KiB); kept {len(done.kept)}"
-        + ("" if args.all else f" used within {args.days:g} days")
-        + " (or by this process)",
-        file=sys.stderr,
-    )
-    return exit_codes.INCOMPLETE if done.skipped or done.failed else exit_codes.OK
+    print(f"vllm-hotfix clean: {summary}", file=sys.stderr)
+    return code
 
 
 def _days(text: str) -> float:
@@ -173,19 +195,34 @@ pre-flight check of a model's aux states (verify), an audit of a dataset of aux 
 Exit codes, the same for every command: 0 ok, 1 wrong, 2 not everything could be checked or
 decided, 3 the command or vLLM failed, 4 usage error."""
 
+JSON_HELP = "print one JSON document on stdout, nothing else"
+
 # The site hook is a .pth file, not a sitecustomize module: the commands' old names still run, unlisted.
 OLD_NAMES = {"install-sitecustomize": "install-site-hook", "uninstall-sitecustomize": "uninstall-site-hook"}
 
 
+class _Version(argparse.Action):
+    """`-V`: the version, as a document under --json."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from vllm_hotfix._version import __version__
+
+        line = f"vllm-hotfix {__version__}"
+        if Parser.json_requested:
+            print_document("version", exit_codes.OK, line, version=__version__)
+        else:
+            print(line)
+        parser.exit(exit_codes.OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_hotfix._version import __version__
     from vllm_hotfix.decisions import PROBLEMS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
     parser = Parser(
         prog="vllm-hotfix", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("-V", "--version", action="version", version=f"vllm-hotfix {__version__}")
+    parser.add_argument("-V", "--version", action=_Version, nargs=0, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
 
     status = commands.add_parser(
@@ -196,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
         f" Exits 2 when a fix is {problems} or this Python has no vLLM (one line then), 3 when vLLM"
         " cannot be imported, 4 when a setting (VLLMHOTFIX_*) is invalid.",
     )
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
     status.add_argument(
         "--no-probe",
         dest="probe",
@@ -228,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean_cmd.add_argument(
         "--dry-run", action="store_true", help="list what would be removed; remove nothing"
     )
+    clean_cmd.add_argument("--json", action="store_true", help=JSON_HELP)
     clean_cmd.set_defaults(run=_clean)
 
     from vllm_hotfix.verify import command as verify_command
@@ -250,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         # the old name gets no `help`: argparse then leaves it out of the list of commands
         for sub in (listed, commands.add_parser(old_names[name], description=what)):
             sub.add_argument("--site-dir", help="site-packages directory (default: the active environment's)")
+            sub.add_argument("--json", action="store_true", help=JSON_HELP)
             sub.set_defaults(run=run)
     return parser
 
@@ -293,6 +332,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse(argv)
+    args.command = OLD_NAMES.get(args.command, args.command)
     try:
         code: int = args.run(args)
         return code
@@ -301,6 +341,13 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.OK
     except UsageError as error:
         exit_usage(f"vllm-hotfix {args.command}", str(error), Parser.json_requested)
+    except Exception as error:  # a failure of the command itself: exit 3, the document under --json
+        traceback.print_exc()
+        reason = f"the command failed: {one_line(error)}"
+        print(f"vllm-hotfix {args.command}: {reason}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print_document(args.command, exit_codes.ERROR, reason)
+        return exit_codes.ERROR
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """What every `vllm-hotfix` command prints for machines, and how it says it was used wrongly.
 
-One JSON vocabulary: each `--json` document carries `schema` (raised when a key changes meaning or
-goes), `command` and `exit_code`. A usage error is one line on stderr, and under `--json` also a
-document on stdout, before any slow work; it exits exit_codes.USAGE.
+One JSON envelope (`document`): each `--json` document begins with `schema` (the command's own,
+raised when one of its keys changes meaning or goes), `command`, `verdict`, `exit_code` and
+`reason`, in that order, then the command's own keys; it is the only thing on stdout. `verdict` is
+PASS (exit 0), FAIL (exit 1) or UNKNOWN (2 to 4), for every command. A usage error is one line on
+stderr, and under `--json` also a document on stdout, before any slow work; it exits
+exit_codes.USAGE.
 """
 
 from __future__ import annotations
@@ -11,32 +14,58 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from vllm_hotfix import exit_codes
 
-SCHEMA = 1
+SCHEMA = 1  # the schema of status, clean and the site hook's commands
+# each command's schema where it has its own: verify 4 (per-id status `wrong`, was `FAIL`), audit 2
+# (dataset, selection, estimate; ids in vLLM's order); audit-merge prints an audit document
+SCHEMAS = {"verify": 4, "audit": 2, "audit-merge": 2}
+PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
 
-def document(command: str, exit_code: int, **fields: Any) -> dict[str, Any]:
-    """A `--json` document: the common keys first, then the command's own."""
-    return {"schema": SCHEMA, "command": command, "exit_code": exit_code} | fields
+def verdict_of(exit_code: int) -> str:
+    """The verdict an exit code means, the same for every command."""
+    return PASS if exit_code == exit_codes.OK else FAIL if exit_code == exit_codes.WRONG else UNKNOWN
 
 
-def print_document(command: str, exit_code: int, **fields: Any) -> None:
-    print(json.dumps(document(command, exit_code, **fields), indent=2), flush=True)
+def document(
+    command: str, exit_code: int, reason: str, verdict: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A `--json` document: the envelope's keys first, in their order, then the command's own."""
+    head = {
+        "schema": SCHEMAS.get(command, SCHEMA),
+        "command": command,
+        "verdict": verdict or verdict_of(exit_code),
+        "exit_code": exit_code,
+        "reason": reason,
+    }
+    return head | {key: value for key, value in fields.items() if key not in head}
+
+
+def print_document(
+    command: str, exit_code: int, reason: str, stream: TextIO | None = None, **fields: Any
+) -> None:
+    """The document on stdout, or on `stream`: the stdout verify and audit kept where vLLM's log
+    took fd 1 (own_engine.keep_stdout)."""
+    text = json.dumps(document(command, exit_code, reason, **fields), indent=2)
+    print(text, file=stream or sys.stdout, flush=True)
 
 
 class UsageError(Exception):
     """A bad argument, path or setting, found before anything ran."""
 
 
-def exit_usage(prog: str, message: str, as_json: bool, usage: str | None = None, **fields: Any) -> NoReturn:
-    """One line on stderr (and a document on stdout under --json, with the command's own `fields`);
-    exit exit_codes.USAGE."""
+def exit_usage(
+    prog: str, message: str, as_json: bool, usage: str | None = None, stream: TextIO | None = None
+) -> NoReturn:
+    """One line on stderr (and a document on stdout, or `stream`, under --json); exit
+    exit_codes.USAGE."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     if as_json:
-        print_document(prog.split()[-1], exit_codes.USAGE, **fields, error=message, usage=usage)
+        reason = f"usage error: {message}"
+        print_document(prog.split()[-1], exit_codes.USAGE, reason, stream, error=message, usage=usage)
     sys.exit(exit_codes.USAGE)
 
 

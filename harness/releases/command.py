@@ -30,7 +30,13 @@ class _Parser(Parser):
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         if Parser.json_requested:
-            print_document(COMMAND, exit_codes.USAGE, error=message, usage=self.format_usage().strip())
+            print_document(
+                COMMAND,
+                exit_codes.USAGE,
+                f"usage error: {message}",
+                error=message,
+                usage=self.format_usage().strip(),
+            )
         sys.exit(exit_codes.USAGE)
 
 
@@ -84,12 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
         print(f"{PROG}: PyPI's index could not be read: {error}", file=sys.stderr)
         if args.json:
-            print_document(COMMAND, exit_codes.ERROR, error=str(error), releases=[])
+            print_document(
+                COMMAND,
+                exit_codes.ERROR,
+                f"PyPI's index could not be read: {error}",
+                error=str(error),
+                releases=[],
+            )
         return exit_codes.ERROR
-    code = exit_codes.INCOMPLETE if releases.unknowns(rows) else exit_codes.OK
+    unknown = releases.unknowns(rows)
+    code = exit_codes.INCOMPLETE if unknown else exit_codes.OK
+    reason = (
+        f"{len(unknown)} unknown verdict(s): {unknown[0]}"
+        if unknown
+        else "every release's verdicts are known"
+    )
     try:
         if args.json:
-            print_document(COMMAND, code, releases=releases.to_json(rows))
+            print_document(COMMAND, code, reason, releases=releases.to_json(rows))
         elif args.markdown:
             print(releases.markdown_table(rows, fixes))
         else:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_hotfix import exit_codes, own_engine
+from vllm_hotfix import cli_output, exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit import precision
 from vllm_hotfix.audit import verdict as verdict_mod
@@ -40,7 +40,7 @@ from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
-SCHEMA = 2  # 2: dataset, selection, estimate; ids in vLLM's order
+SCHEMA = cli_output.SCHEMAS["audit"]  # 2: dataset, selection, estimate; ids in vLLM's order
 DEFAULT_SAMPLE = 32
 PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
 
@@ -221,6 +221,8 @@ def batches(
 class Audit(verify_command.Run):
     """The check's run, with the files' tokens as its workload and their judgement as its output."""
 
+    COMMAND = "audit"
+
     def __init__(self, args: argparse.Namespace, stdout: Any, chosen: Chosen) -> None:
         super().__init__(args, stdout)
         self.chosen = chosen
@@ -384,25 +386,24 @@ class Audit(verify_command.Run):
         verdict, code, reason = self.verdict(judged, rows)
         chosen = self.chosen
         shard_sample = None if chosen.sample is None or chosen.sample >= chosen.total else len(rows)
-        return {
-            "schema": SCHEMA,
-            "command": "audit",
-            "verdict": verdict,
-            "exit_code": code,
-            "reason": reason,
-            "data": str(chosen.data),
-            "dataset": {"files": chosen.total, "listing_sha256": chosen.digest},
-            "model": self.args.model,
-            "ids": chosen.ids,
-            "ids_given": chosen.ids_given,
-            "precision": precision.for_the_run(getattr(self.args, "tolerance", None)),
-            "notes": [note for note in (chosen.ids_note, self._coverage_note(rows)) if note],
-            "files_in_data": chosen.total,
-            "selection": chosen.selection(),
-            "estimate": verdict_mod.estimate(rows, chosen.in_shard, shard_sample, chosen.seed),
-            "check": None if judged is None else verify_command.Run.document(self, judged, timed_out),
-            "files": rows,
-        }
+        return cli_output.document(
+            "audit",
+            code,
+            reason,
+            verdict=verdict,
+            data=str(chosen.data),
+            dataset={"files": chosen.total, "listing_sha256": chosen.digest},
+            model=self.args.model,
+            ids=chosen.ids,
+            ids_given=chosen.ids_given,
+            precision=precision.for_the_run(getattr(self.args, "tolerance", None)),
+            notes=[note for note in (chosen.ids_note, self._coverage_note(rows)) if note],
+            files_in_data=chosen.total,
+            selection=chosen.selection(),
+            estimate=verdict_mod.estimate(rows, chosen.in_shard, shard_sample, chosen.seed),
+            check=None if judged is None else verify_command.Run.document(self, judged, timed_out),
+            files=rows,
+        )
 
     @staticmethod
     def _coverage_note(rows: list[dict[str, Any]]) -> str | None:
@@ -452,18 +453,10 @@ def text_lines(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def failure(args: argparse.Namespace, reason: str) -> dict[str, Any]:
+def failure(args: argparse.Namespace, reason: str, command: str = "audit") -> dict[str, Any]:
     """The document of a run that failed in the command itself: exit 3."""
-    return {
-        "schema": SCHEMA,
-        "command": "audit",
-        "verdict": outcome_mod.UNKNOWN,
-        "exit_code": exit_codes.ERROR,
-        "reason": reason,
-        "data": getattr(args, "data", None),
-        "model": getattr(args, "model", None),
-        "files": [],
-    }
+    data, model = getattr(args, "data", None), getattr(args, "model", None)
+    return cli_output.document(command, exit_codes.ERROR, reason, data=data, model=model, files=[])
 
 
 def _sample(text: str) -> int:

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_hotfix import exit_codes
+from vllm_hotfix import cli_output, exit_codes
 from vllm_hotfix.audit import command as audit_command
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.cli_output import Parser, UsageError, exit_usage
@@ -86,20 +86,19 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         "missing_ranks": missing,
     }
     notes = sorted({note for d in documents.values() for note in d.get("notes") or []})
-    return {
-        "schema": audit_command.SCHEMA,
-        "command": "audit-merge",
-        "verdict": verdict,
-        "exit_code": code,
-        "reason": reason,
-        "data": documents[paths[0]].get("data"),
-        "dataset": documents[paths[0]].get("dataset"),
-        "model": first["model"],
-        "ids": first["ids"],
-        "notes": notes,
-        "selection": selection,
-        "estimate": None if missing else verdict_mod.estimate(rows, total, sample, int(first["seed"] or 0)),
-        "shards": [
+    return cli_output.document(
+        "audit-merge",
+        code,
+        reason,
+        verdict=verdict,
+        data=documents[paths[0]].get("data"),
+        dataset=documents[paths[0]].get("dataset"),
+        model=first["model"],
+        ids=first["ids"],
+        notes=notes,
+        selection=selection,
+        estimate=None if missing else verdict_mod.estimate(rows, total, sample, int(first["seed"] or 0)),
+        shards=[
             {
                 "report": path,
                 "rank": documents[path]["selection"]["rank"],
@@ -109,8 +108,8 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             }
             for path in sorted(paths, key=lambda p: documents[p]["selection"]["rank"])
         ],
-        "files": rows,
-    }
+        files=rows,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         reason = f"the merge failed: {one_line(error)}"
         print(f"vllm-hotfix audit-merge: {reason}", file=sys.stderr)
         if args.json:
-            print(json.dumps(audit_command.failure(args, reason) | {"command": "audit-merge"}, indent=2))
+            print(json.dumps(audit_command.failure(args, reason, "audit-merge"), indent=2))
         return exit_codes.ERROR
     print(json.dumps(merged, indent=2) if args.json else "\n".join(audit_command.text_lines(merged)))
     sys.stdout.flush()

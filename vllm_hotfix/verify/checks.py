@@ -43,7 +43,7 @@ class StepCheck:
     @property
     def failed(self) -> bool:
         """A real failure, seen in what the ranks that completed the step recorded."""
-        failed_ids = any(entry["status"] == "FAIL" for entry in self.per_id)
+        failed_ids = any(entry["status"] == "wrong" for entry in self.per_id)
         return bool(self.failed_ranks) or not self.ranks_agree or failed_ids
 
     @property

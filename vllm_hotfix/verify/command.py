@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from vllm_hotfix import exit_codes, own_engine
+from vllm_hotfix import cli_output, exit_codes, own_engine
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order, numbers
 from vllm_hotfix.errors import one_line
 from vllm_hotfix.own_engine import CommandError, writable
@@ -32,7 +32,7 @@ from vllm_hotfix.verify import settings as verify_settings
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
-SCHEMA = 3  # "schema" in the --json document; raised when a key changes meaning or goes (3: no "final")
+SCHEMA = cli_output.SCHEMAS["verify"]  # 3: no "final"; 4: a per-id status is ok, wrong or n/a
 PLAN_KEYS = ("run_id", "method", "ids", "model_class", "compilation", "load_format", "report_dir")  # document
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
@@ -134,6 +134,8 @@ class Plan:
 class Run:
     """One run: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
 
+    COMMAND = "verify"  # the command a usage error names
+
     def __init__(self, args: argparse.Namespace, stdout: TextIO) -> None:
         self.args = args
         self.stdout = stdout
@@ -207,28 +209,27 @@ class Run:
             "batch_sizes": plan.batches,
             "decode_tokens": DECODE,
         }
-        return {
-            "schema": SCHEMA,
-            "command": "verify",
-            "verdict": judged.verdict,
-            "exit_code": judged.exit_code,
-            "reason": judged.reason,
-            "problems": judged.problems,
-            "error": judged.error,
-            "timed_out": timed_out,
-            "model": self.args.model,
-            "engine_args": list(self.args.engine_args),
+        return cli_output.document(
+            "verify",
+            judged.exit_code,
+            judged.reason,
+            verdict=judged.verdict,
+            problems=judged.problems,
+            error=judged.error,
+            timed_out=timed_out,
+            model=self.args.model,
+            engine_args=list(self.args.engine_args),
             **{key: getattr(plan, key, None) for key in PLAN_KEYS},
-            "world": plan and plan.world.as_dict(),
-            "workload": workload,
-            "caveats": plan.caveats if plan else [],
-            "notes": plan.notes if plan else [],
-            "ignored_reports": judged.ignored,
-            "per_id": outcome_mod.per_id(judged.reports),
-            "coverage": outcome_mod.coverage(judged.reports),
-            "ranks": judged.reports,
-            "seconds": round(time.monotonic() - self.started, 1),
-        }
+            world=plan and plan.world.as_dict(),
+            workload=workload,
+            caveats=plan.caveats if plan else [],
+            notes=plan.notes if plan else [],
+            ignored_reports=judged.ignored,
+            per_id=outcome_mod.per_id(judged.reports),
+            coverage=outcome_mod.coverage(judged.reports),
+            ranks=judged.reports,
+            seconds=round(time.monotonic() - self.started, 1),
+        )
 
     # -- what a command built on this run changes (the audit) --------------------------------------
     def before_vllm(self, plan: Plan) -> None:
@@ -453,7 +454,7 @@ def run_with(runner: Run) -> int:
     try:
         runner.main()
     except UsageError as error:
-        _usage_exit(str(error))
+        _usage_exit(str(error), command=runner.COMMAND, stream=runner.stdout)
     except own_engine.NoVllm as missing:  # one line (under --json the document, with it as reason)
         if args.json:
             runner.finish(str(missing))
@@ -471,9 +472,11 @@ def run_with(runner: Run) -> int:
     return exit_codes.ERROR  # not reached: finish exits
 
 
-def _usage_exit(message: str, usage: str | None = None) -> Any:
-    fields = {"schema": SCHEMA, "verdict": outcome_mod.UNKNOWN, "reason": "usage error"}
-    exit_usage("vllm-hotfix verify", message, Parser.json_requested, usage, **fields)
+def _usage_exit(
+    message: str, usage: str | None = None, command: str = "verify", stream: TextIO | None = None
+) -> Any:
+    """A usage error's line, and its document on the stdout the run kept (vLLM's log has fd 1)."""
+    exit_usage(f"vllm-hotfix {command}", message, Parser.json_requested, usage, stream)
 
 
 def add_parser(commands: Any) -> None:

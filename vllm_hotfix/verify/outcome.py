@@ -17,7 +17,8 @@ from vllm_hotfix import exit_codes
 from vllm_hotfix.verify import checks as checks_mod
 from vllm_hotfix.verify.checks import StepCheck
 
-PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
+PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"  # a run's verdicts
+COMPARED = ("ok", "wrong")  # an id's statuses when it was compared (else n/a)
 RANK_KEYS = {
     "rank": "tp",
     "world": "tp_world",
@@ -76,7 +77,7 @@ def combine(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _over_forwards(checks: list[StepCheck], position: int, layer_id: int) -> dict[str, Any]:
-    """An id over the forwards: FAIL if one failed it, else ok if one compared it (the entry with
+    """An id over the forwards: wrong if one failed it, else ok if one compared it (the entry with
     the largest difference), else n/a (the first forward's why); `forwards` counts the forwards
     that judged it and those on which it was not compared, `gaps` names the forward sizes (tokens)
     on none of whose forwards it was compared."""
@@ -88,11 +89,11 @@ def _over_forwards(checks: list[StepCheck], position: int, layer_id: int) -> dic
             "gaps": [],
         }
     entries = [e for _, e in steps]
-    compared = [e for e in entries if e["status"] == FAIL] or [e for e in entries if e["status"] == "ok"]
+    compared = [e for e in entries if e["status"] == "wrong"] or [e for e in entries if e["status"] == "ok"]
     found = dict(max(compared, key=lambda e: float(e["max_rel_diff"] or 0.0)) if compared else entries[0])
-    skipped = [e for e in entries if e["status"] not in ("ok", FAIL)]
+    skipped = [e for e in entries if e["status"] not in COMPARED]
     sizes = {tokens for tokens, _ in steps}
-    seen = {tokens for tokens, e in steps if e["status"] in ("ok", FAIL)}
+    seen = {tokens for tokens, e in steps if e["status"] in COMPARED}
     found["forwards"] = {"checked": len(steps), "not_compared": len(skipped)}
     found["gaps"] = sorted(sizes - seen) if seen else []
     if skipped and compared:
@@ -104,18 +105,18 @@ def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
     """One rank's report (docs/usage.md lists its keys)."""
     ids = list(facts.get("ids") or [])
     entries = [_over_forwards(checks, position, layer_id) for position, layer_id in enumerate(ids)]
-    compared = [e["id"] for e in entries if e["status"] in ("ok", FAIL)]
-    missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in ("ok", FAIL)]
+    compared = [e["id"] for e in entries if e["status"] in COMPARED]
+    missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in COMPARED]
     # an id compared on some forwards but on no forward of some size: that size is unproven for it
     missing += [
         {"id": e["id"], "why": e.get("why"), "tokens": e["gaps"]}
         for e in entries
-        if e["status"] in ("ok", FAIL) and e["gaps"]
+        if e["status"] in COMPARED and e["gaps"]
     ]
     partly = [
         {"id": e["id"], **e["forwards"], "why": e.get("why")}
         for e in entries
-        if e["status"] in ("ok", FAIL) and not e["gaps"] and e["forwards"]["not_compared"]
+        if e["status"] in COMPARED and not e["gaps"] and e["forwards"]["not_compared"]
     ]
     coverage = {
         "ok": bool(checks) and not missing,
@@ -294,7 +295,7 @@ def coverage(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per requested id over every rank: the worst status and the largest figure (empty when the
     workers' reports carry no per-id figures)."""
-    order = {FAIL: 2, "n/a": 1, "ok": 0}
+    order = {"wrong": 2, "n/a": 1, "ok": 0}
     merged: dict[int, dict[str, Any]] = {}
     for report in reports:
         for entry in report.get("per_id") or []:

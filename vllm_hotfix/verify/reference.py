@@ -151,7 +151,7 @@ def judge(
             entry["status"] = "ok"
         else:
             rank, token = divmod(int(torch.nan_to_num(rel, nan=float("inf")).flatten().argmax()), tokens)
-            entry["status"] = "FAIL"
+            entry["status"] = "wrong"
             entry["why"] = f"differs from {entry['reference']} by {worst:.3g} (rank {rank}, token {token})"
     return entries
 
