@@ -25,11 +25,16 @@ _SEEN = "_vllm_hotfix_site_hook"  # set on sys: the hook ran in this process
 # processes a venv's site-packages from site.venv() and again from site.main()). So the checks
 # are one expression, and the import, which needs `try`, is compiled by the inner exec only once
 # per process: never when every fix is disabled (benchmarks/startup.py measures the line).
+# On failure it names the .pth file (site.addpackage's `fullname`, which the exec sees; else where
+# install() puts it) and how to remove it: after `pip uninstall vllm-hotfix` the file stays behind.
 _TRY_IMPORT = (
     "try:\n"
     " import vllm_hotfix\n"
     "except Exception as e:\n"
-    " sys.stderr.write('vllm-hotfix: site hook skipped: %s: %s\\n' % (type(e).__name__, e))\n"
+    " import sysconfig\n"
+    f" p = locals().get('fullname') or os.path.join(sysconfig.get_paths()['purelib'], {PTH_NAME!r})\n"
+    " sys.stderr.write('vllm-hotfix: site hook skipped: %s: %s; delete %s or reinstall vllm-hotfix\\n'"
+    " % (type(e).__name__, e, p))\n"
 )
 _LINE = (
     f"import os, sys; hasattr(sys, {_SEEN!r})"
