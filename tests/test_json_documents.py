@@ -21,20 +21,6 @@ ENVELOPE = ["schema", "command", "verdict", "exit_code", "reason"]
 VERDICT = {0: "PASS", 1: "FAIL", 2: "UNKNOWN", 3: "UNKNOWN", 4: "UNKNOWN"}
 
 
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """(a venv's python without vLLM, a directory holding only wrapt) for a PYTHONPATH: the hotfix
-    installed into another environment than vLLM's."""
-    import wrapt
-
-    root = tmp_path_factory.mktemp("bare")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    only_wrapt = root / "only-wrapt"
-    only_wrapt.mkdir()
-    (only_wrapt / "wrapt").symlink_to(Path(wrapt.__file__).parent)
-    return str(root / "venv" / "bin" / "python"), str(only_wrapt)
-
-
 def run(python: str, path: list[str], argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
     return subprocess.run(

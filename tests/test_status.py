@@ -22,19 +22,6 @@ from vllm_hotfix import exit_codes
 from vllm_hotfix.fixes import FIX_IDS
 
 
-@pytest.fixture(scope="module")
-def bare_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """(a venv's python without vLLM, a directory holding only wrapt) for a PYTHONPATH."""
-    import wrapt
-
-    root = tmp_path_factory.mktemp("bare")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
-    only_wrapt = root / "only-wrapt"
-    only_wrapt.mkdir()
-    (only_wrapt / "wrapt").symlink_to(Path(wrapt.__file__).parent)
-    return str(root / "venv" / "bin" / "python"), str(only_wrapt)
-
-
 def status_in(
     bare: tuple[str, str], *argv: str, path: tuple[str, ...] = (), **env: str
 ) -> subprocess.CompletedProcess[str]:
