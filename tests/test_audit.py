@@ -43,15 +43,22 @@ def made(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempP
 def test_a_dataset_made_right_is_all_ok_and_left_as_it_was(
     testenv, plugin, tiny_checkpoint, made, tmp_path
 ) -> None:
+    """Ok files are counted, not listed; each file's result and each forward's record is removed
+    from the report directory once judged (what stays there does not grow with the files)."""
     data = columns(made, tmp_path / "data")
     before = snapshot(data)
-    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    reports = tmp_path / "reports"
+    args = ["--ids", IDS, "--all", "--json", "--report-dir", str(reports)]
+    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), *args)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert (found["verdict"], found["exit_code"], found["check"]["verdict"]) == ("PASS", 0, "PASS")
     assert found["check"]["compilation"]["mode"] != "NONE"  # vLLM's default: compiled
-    assert [f["status"] for f in found["files"]] == ["ok"] * 6
-    assert all([e["id"] for e in f["per_id"]] == [1, 2, 4] for f in found["files"])
+    assert found["counts"] == {"ok": 6, "wrong": 0, "n/a": 0} and found["files"] == []
+    per_id = [(e["id"], e["ok"], e["wrong"], e["n/a"]) for e in found["per_id"]]
+    assert per_id == [(i, 6, 0, 0) for i in (1, 2, 4)], per_id
+    left = sorted(p.name for p in reports.rglob("*") if p.is_file())
+    assert left == ["audit-manifest.json", "facts.json", "verdict.json"], left
     assert snapshot(data) == before  # contents and modification times
 
 
@@ -107,6 +114,7 @@ def test_a_sample_of_prefixes_names_each_bad_file_with_ids_in_another_order(
     sampled = files.choose(names, 6, seed=3)
     before = snapshot(data)
     args = ["--ids", "4,1,2", "--sample", "6", "--seed", "3", "--max-tokens", str(MAX_TOKENS), "--json"]
+    args.append("--list-every-file")
     done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), *args)
     assert done.returncode == 1, done.stderr[-3000:]
     found = json.loads(done.stdout)

@@ -195,7 +195,8 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
         (out / f"{index}.json").write_text(
             json.dumps({"file": str(path), "status": status, "per_id": per_id})
         )
-    audit = Audit(argparse.Namespace(model="m", json=True, engine_args=[]), io.StringIO(), chosen)
+    namespace = argparse.Namespace(model="m", json=True, engine_args=[], list_every_file=True)
+    audit = Audit(namespace, io.StringIO(), chosen)
     audit.out = str(out)
     return audit
 
@@ -216,8 +217,9 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
 
     audit = _audit_of(tmp_path, statuses)
     judged = Outcome(check, {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[check], "why", [], 0)
-    rows = audit.results(judged)
-    assert audit.verdict(judged, rows)[:2] == (verdict, code) and audit.exit_code(judged) == code
+    audit.collect()
+    counts, rows, _ = audit.judgement(judged)
+    assert audit.verdict(judged, counts, rows)[:2] == (verdict, code) and audit.exit_code(judged) == code
     if check != "PASS":
         assert all(r["status"] == "n/a" and "unproven" in r["why"] for r in rows)
         assert [r["measured"] for r in rows] == statuses
@@ -233,6 +235,6 @@ def test_a_file_never_recomputed_says_whether_the_run_ended_early(tmp_path: Path
     audit = _audit_of(tmp_path, ["ok"])
     (Path(audit.out) / "0.json").unlink()
     failed = Outcome("UNKNOWN", 3, "vLLM failed", [], 0, error="vLLM failed while starting vLLM: ...")
-    assert "the run ended before its prompt ran" in audit.results(failed)[0]["why"]
+    assert "the run ended before its prompt ran" in audit.judgement(failed)[1][0]["why"]
     finished = Outcome("PASS", 0, "all checked", [], 0)
-    assert "no forward of the engine carried its tokens whole" in audit.results(finished)[0]["why"]
+    assert "no forward of the engine carried its tokens whole" in audit.judgement(finished)[1][0]["why"]

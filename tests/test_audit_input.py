@@ -203,23 +203,22 @@ def test_the_binomial_cdf_sums_to_its_definition() -> None:
 
 def test_a_row_marked_as_the_runs_own_fault_is_exit_3() -> None:
     rows = [{"file": "a", "status": "ok"}, {"file": "b", "status": "n/a", "error": True, "why": "not finite"}]
-    assert verdict.verdict(rows, "PASS") == (
+    assert verdict.verdict({"ok": 1, "wrong": 0, "n/a": 1}, rows, "PASS") == (
         "UNKNOWN",
         3,
         "not finite (b); 1 ok, 0 wrong, 1 n/a of 2 files audited",
     )
-    assert verdict.verdict(rows[:1], "PASS")[:2] == ("PASS", 0)
+    assert verdict.verdict({"ok": 1, "wrong": 0, "n/a": 0}, rows[:1], "PASS")[:2] == ("PASS", 0)
 
 
 def test_the_estimate_says_the_bound_or_the_exact_count() -> None:
-    rows = [{"status": "ok"}] * 299 + [{"status": "n/a"}]
-    found = verdict.estimate(rows, 50_000, 300, seed=0)
+    found = verdict.estimate({"ok": 299, "wrong": 0, "n/a": 1}, 50_000, 300, seed=0)
     assert (found["judged"], found["wrong"], found["n/a"], found["sampled"]) == (299, 0, 1, True)
     assert found["wrong_fraction_at_most"] == pytest.approx(1 - 0.05 ** (1 / 299))
     line = verdict.estimate_line(found)
     assert "0 wrong of 299 judged (1 n/a, outside the estimate) of 300 chosen at random" in line
     assert line.endswith("at 95% confidence at most 1.00% of the files in DATA are wrong")
-    every = verdict.estimate([{"status": "wrong"}, {"status": "ok"}], 2, None, seed=0)
+    every = verdict.estimate({"ok": 1, "wrong": 1, "n/a": 0}, 2, None, seed=0)
     assert every["wrong_fraction_at_most"] is None and not every["sampled"]
     assert verdict.estimate_line(every) == "every file: 1 wrong of 2 judged, of 2 files in DATA"
 
@@ -250,14 +249,43 @@ def test_each_file_that_cannot_be_audited_is_named_before_the_engine(tmp_path: P
     }
     assert na["string.safetensors"].startswith("unreadable header")
     assert (chosen.total, chosen.links) == (8, 1)  # the link to ok-0 counted once
-    assert chosen.keys == [files.tokens_key(files.token_ids(f)) for f in chosen.audited]
 
 
-def test_max_tokens_keys_the_prompt_on_its_first_k_tokens(tmp_path: Path, model: Path) -> None:
-    chosen = audit_command.choose(args(dataset(tmp_path), model, "--all", "--max-tokens", "7"))
-    for found, key in zip(chosen.audited, chosen.keys, strict=True):
-        assert key == files.tokens_key(files.token_ids(found)[:7])
-        assert chosen.judged_tokens(found) == min(found.tokens, 7)
+def _audit(chosen: audit_command.Chosen, tmp_path: Path, **more: Any) -> audit_command.Audit:
+    """The audit of `chosen` as its engine's run would be, before the engine (no vLLM)."""
+    from vllm_hotfix.verify.command import Plan
+
+    audit = audit_command.Audit(
+        argparse.Namespace(model="m", json=True, engine_args=[], **more), io.StringIO(), chosen
+    )
+    audit.plan = Plan("run", str(tmp_path / "reports"), [], [])
+    audit.before_vllm(audit.plan)
+    return audit
+
+
+def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The headers before the engine; each file's tokens once, when its batch is prompted: the
+    prompt and the worker's key are its first --max-tokens; a token id beyond the vocabulary
+    makes that file alone n/a."""
+    data = dataset(tmp_path)
+    write(data / "beyond.safetensors", tokens=6, first=995)
+    reads: list[str] = []
+    token_ids = files.token_ids
+    monkeypatch.setattr(files, "token_ids", lambda found: reads.append(found.path.name) or token_ids(found))
+    chosen = audit_command.choose(args(data, model, "--all", "--max-tokens", "7"))
+    assert reads == []
+    audit = _audit(chosen, tmp_path)
+    prompts, entries = audit._prompts(list(range(len(chosen.audited))), vocab=1000)
+    assert sorted(reads) == sorted(f.path.name for f in chosen.audited)  # once each
+    kept = [f for f in chosen.audited if f.path.name != "beyond.safetensors"]
+    for found, prompt, entry in zip(kept, prompts, entries, strict=True):
+        assert prompt["prompt_token_ids"] == token_ids(found)[:7] and entry["rows"] == min(found.tokens, 7)
+        assert entry["tokens_key"] == files.tokens_key(token_ids(found)[:7])
+    (row,) = audit.results.rows
+    assert row["file"].endswith("beyond.safetensors") and row["status"] == "n/a"
+    assert row["why"] == "token ids [1000] beyond the vocabulary (1000)"
 
 
 def test_ids_in_another_order_are_read_in_vllms(tmp_path: Path, model: Path) -> None:
@@ -489,9 +517,7 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
     tmp_path: Path, model: Path
 ) -> None:
     chosen = audit_command.choose(args(dataset(tmp_path), model, "--all"))
-    audit = audit_command.Audit(
-        argparse.Namespace(model=str(model), json=True, engine_args=[]), io.StringIO(), chosen
-    )
+    audit = _audit(chosen, tmp_path)
     broken = chosen.audited[1].path
     broken.write_bytes(b"")  # after its header was read
 
@@ -502,10 +528,10 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
         def generate(self, prompts: list[Any], params: Any, use_tqdm: bool) -> None:
             self.prompts += prompts
 
-    audit.llm, audit.out = Engine(), str(tmp_path)
+    audit.llm = Engine()
     audit.workload(1000, 256, lambda **kw: kw)
     assert len(audit.llm.prompts) == len(chosen.audited) - 1
-    rows = {r["file"]: r for r in audit.results(None)}
+    rows = {r["file"]: r for r in audit.judgement(None)[1]}
     assert rows[str(broken)]["status"] == "n/a" and rows[str(broken)]["why"].startswith(
         "unreadable token ids"
     )

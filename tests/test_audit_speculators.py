@@ -85,7 +85,8 @@ def test_the_files_speculators_wrote_are_all_ok_and_left_as_they_were(
         assert tokens.tolist() in rows
     before = snapshot(made)
     ids = ",".join(map(str, SERVED_IDS))
-    done = audit(testenv, plugin, tmp_path, str(made), str(tiny_checkpoint), "--ids", ids, "--all", "--json")
+    args = ["--ids", ids, "--all", "--json", "--list-every-file"]
+    done = audit(testenv, plugin, tmp_path, str(made), str(tiny_checkpoint), *args)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert (found["verdict"], found["exit_code"], found["check"]["verdict"]) == ("PASS", 0, "PASS")
@@ -101,7 +102,8 @@ def test_defects_planted_in_a_copy_are_flagged_on_exactly_their_files_and_ids(
     names = sorted(p.name for p in made.glob("*.safetensors"))
     plants = planted(names[:6])  # hs_0 scaled, 1 off by one, 2 alias, 3 zeros, 4 noise, 5 one row (every id)
     data = columns(made, tmp_path / "data", {name: how for name, (_, how, _) in plants.items()})
-    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), "--ids", IDS, "--all", "--json")
+    args = ["--ids", IDS, "--all", "--json", "--list-every-file"]
+    done = audit(testenv, plugin, tmp_path, str(data), str(tiny_checkpoint), *args)
     assert done.returncode == 1, done.stderr[-3000:]
     found = json.loads(done.stdout)
     assert (found["verdict"], found["check"]["verdict"]) == ("FAIL", "PASS")

@@ -81,7 +81,7 @@ def _audit(testenv: TestEnv, sweep: zoo.Sweep, checkpoint: Path, data: Path, **e
     The runs with the fix on share one compile cache: the same engine, flags and code."""
     cache = sweep.work / ("audit-cache-" + env.get("VLLMHOTFIX_DISABLE", "fix-on"))
     args = ["-m", "vllm_hotfix", "audit", str(data), str(checkpoint), "--ids", IDS, "--all", "--json"]
-    args += ["--", *DTYPE, "--ir-op-priority", zoo.IR_OP_PRIORITY]
+    args += ["--list-every-file", "--", *DTYPE, "--ir-op-priority", zoo.IR_OP_PRIORITY]
     done = testenv.run(
         args,
         version=NEWEST,

@@ -99,9 +99,11 @@ def test_tp2_patched_passes_with_every_forward_of_both_ranks(verify) -> None:
         assert [(e["id"], e["status"]) for e in report["per_id"]] == [(1, "ok"), (2, "ok"), (4, "ok")]
         assert report["per_id"][-1]["reference"].startswith("the final norm's input")
         assert report["model_class"] == "vllm.model_executor.models.deepseek_v2.DeepseekV2Model"
-        assert max(report["tokens"]) > CUT and min(report["tokens"]) < CUT, report["tokens"]
-        assert report["checked_tokens"] == [min(t, CUT) for t in report["tokens"]]
-    assert f"compared on their first tokens: {run['reports'][0]['checked_tokens']}" in run["stdout"]
+        assert report["tokens"]["largest"] > CUT and report["tokens"]["smallest"] < CUT, report["tokens"]
+        cut = report["checked_tokens"]["cut_forwards"]
+        assert 0 < cut < report["steps"] and report["checked_tokens"]["total"] < report["tokens"]["total"]
+    cut = run["reports"][0]["checked_tokens"]["cut_forwards"]
+    assert f"; {cut} compared on their first {CUT} tokens (VLLMHOTFIX_VERIFY_TOKENS)" in run["stdout"]
     assert "verdict: PASS" in run["stdout"]
     # compiled (vLLM's default on CPU), CUDA graphs off through the compilation config
     assert run["document"]["compilation"]["cudagraph_mode"] == "NONE", run["document"]["compilation"]
@@ -115,7 +117,7 @@ def test_tp2_a_fault_in_one_rank_fails_with_the_figure(verify) -> None:
     for report in run["reports"]:
         agree = report["ranks_agree"]
         assert not agree["ok"] and agree["max_rel_diff"] > 0.1 and agree["worst_id"] == 1, agree
-        assert max(report["tokens"]) > CUT  # cut forwards (prefills) FAIL too: every forward is checked
+        assert report["tokens"]["largest"] > CUT  # cut forwards (prefills) FAIL too: every forward is checked
         assert report["count"]["ok"] and report["finite"]["ok"]
         assert [e["status"] for e in report["per_id"]] == ["wrong", "ok", "ok"], report["per_id"]
         assert "not covered by any vllm-hotfix fix" not in (report["hint"] or "x")
@@ -227,7 +229,7 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "batch_sizes": [1, 2],
         "decode_tokens": 2,
     }
-    assert found["schema"] == 4 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
+    assert found["schema"] == 5 and found["model_class"].endswith(":DeepseekV3ForCausalLM")
     assert found["coverage"] == {"ok": True, "not_compared": [], "partly_compared": []}  # every forward
     (rank,) = found["ranks"]
     assert rank == run["reports"][0] and rank["run_id"] == found["run_id"]
@@ -239,7 +241,7 @@ def test_json_is_the_whole_of_stdout_per_rank_and_per_check(verify) -> None:
         "not_compared": [],
         "partly_compared": [],
     }
-    assert max(rank["tokens"]) >= 40, rank["tokens"]  # the 40-token prompts' prefill was checked
+    assert rank["tokens"]["largest"] >= 40, rank["tokens"]  # the 40-token prompts' prefill was checked
     assert found["ignored_reports"] == 0 and found["caveats"] == [] and found["load_format"] == "auto"
 
 

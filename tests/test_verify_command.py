@@ -25,7 +25,7 @@ from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
 from vllm_hotfix import cli, own_engine, report
 from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
-from vllm_hotfix.verify import command, outcome
+from vllm_hotfix.verify import command, outcome, records
 from vllm_hotfix.verify.checks import StepCheck
 from vllm_hotfix.verify.outcome import World, judge
 
@@ -194,13 +194,13 @@ def test_the_ranks_records_are_combined_after_the_run(tmp_path: Path) -> None:
     (tmp_path / "an-earlier-run").mkdir()
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids)[:1], ids)  # rank 1 recorded the first forward only
-    reports, ignored = outcome.read_run(str(tmp_path), RUN)
+    reports, ignored = records.read_run(str(tmp_path), RUN)
     assert ignored == 1 and [r["rank"] for r in reports] == [0, 1] and [r["steps"] for r in reports] == [2, 2]
     assert all(r["verdict"] == "UNKNOWN" and "from rank(s) [1]" in r["note"] for r in reports), reports
     shutil.rmtree(tmp_path / RUN)
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids, lambda aux: [aux[0] * 1.5, aux[1]]), ids)
-    reports, _ = outcome.read_run(str(tmp_path), RUN)
+    reports, _ = records.read_run(str(tmp_path), RUN)
     for found in reports:
         assert found["verdict"] == "FAIL" and not found["ranks_agree"]["ok"], found
         assert found["ranks_agree"]["worst_id"] == 1 and found["count"]["ok"]
@@ -441,7 +441,7 @@ def test_the_temporary_report_directory_is_removed_at_every_end(
 ) -> None:
     code, out, made = _end_early(monkeypatch, ["--json"], stop)
     found = json.loads(out)
-    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 4
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 5
     assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
 
 
@@ -458,7 +458,7 @@ def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as stop:
             cli.parse(["verify", "M", *argv])
         found = json.loads(capsys.readouterr().out)
-        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 4
+        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 5
         assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
     with pytest.raises(SystemExit):  # without --json stdout stays empty
         cli.parse(["verify", "M", "--ids", "1,x"])

@@ -160,14 +160,15 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
     good = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
     assert good.ok and good.checked == 4 and {e["status"] for e in good.per_id} == {"ok"}, good.per_id
     report = _report(good)
-    assert report["tokens"] == [TOKENS] and report["checked_tokens"] == [4]
+    assert report["tokens"] == {"total": TOKENS, "smallest": TOKENS, "largest": TOKENS}
+    assert report["checked_tokens"] == {"total": 4, "cut_forwards": 1}
     plant, expected = PLANTED["off-by-one"]
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     bad = check_step(plant(aux), out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
     assert {e["id"] for e in bad.per_id if e["status"] == "wrong"} == expected and not bad.ok, bad.per_id
     whole = check_step(aux, out, IDS, 3, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
-    assert whole.checked == 3 and _report(whole)["checked_tokens"] == [3]
+    assert whole.checked == 3 and _report(whole)["checked_tokens"] == {"total": 3, "cut_forwards": 0}
 
 
 def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:

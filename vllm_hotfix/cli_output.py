@@ -19,9 +19,10 @@ from typing import Any, NoReturn, TextIO
 from vllm_hotfix import exit_codes
 
 SCHEMA = 1  # the schema of status, clean and the site hook's commands
-# each command's schema where it has its own: verify 4 (per-id status `wrong`, was `FAIL`), audit 2
-# (dataset, selection, estimate; ids in vLLM's order); audit-merge prints an audit document
-SCHEMAS = {"verify": 4, "audit": 2, "audit-merge": 2}
+# each command's schema where it has its own: verify 5 (a rank's `tokens` and `checked_tokens` are
+# totals, not lists per forward), audit 3 (`counts` and `per_id` over the files; `files` names the
+# wrong and n/a ones unless --list-every-file); audit-merge prints an audit document
+SCHEMAS = {"verify": 5, "audit": 3, "audit-merge": 3}
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
 

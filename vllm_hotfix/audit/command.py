@@ -24,15 +24,16 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_hotfix import cli_output, exit_codes, own_engine
 from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit import precision
 from vllm_hotfix.audit import verdict as verdict_mod
+from vllm_hotfix.audit.results import Results
 from vllm_hotfix.audit.worker import MANIFEST_VAR
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order
 from vllm_hotfix.errors import one_line
@@ -40,9 +41,10 @@ from vllm_hotfix.verify import command as verify_command
 from vllm_hotfix.verify import outcome as outcome_mod
 from vllm_hotfix.verify import settings as verify_settings
 
-SCHEMA = cli_output.SCHEMAS["audit"]  # 2: dataset, selection, estimate; ids in vLLM's order
+SCHEMA = cli_output.SCHEMAS["audit"]  # 3: counts and per_id over the files; the files worth naming
 DEFAULT_SAMPLE = 32
 PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
+T = TypeVar("T")
 
 
 @dataclass
@@ -54,7 +56,6 @@ class Chosen:
     audited: list[files_mod.DataFile] = field(default_factory=list)
     na: list[files_mod.DataFile] = field(default_factory=list)
     wrong: list[files_mod.DataFile] = field(default_factory=list)  # wrong as they stand
-    keys: list[str] = field(default_factory=list)  # the audited files' prompt keys (files.tokens_key)
     total: int = 0  # files in DATA, each once
     ids_given: list[int] | None = None
     max_tokens: int | None = None
@@ -118,7 +119,8 @@ def inside(path: str, directory: Path) -> bool:
 
 
 def choose(args: argparse.Namespace) -> Chosen:
-    """Read the chosen files' headers and tokens (once); UsageError when nothing could be audited."""
+    """Read the chosen files' headers (their tokens are read once, when their batch runs);
+    UsageError when nothing could be audited."""
     root = Path(args.data)
     if not root.is_dir():
         raise UsageError(f"DATA {args.data}: no such directory")
@@ -151,44 +153,28 @@ def choose(args: argparse.Namespace) -> Chosen:
     names = [name for name, _ in found.files]
     chosen.in_shard = sum(files_mod.shard(name, args.world_size) == args.rank for name in names)
     paths = dict(found.files)
-    config = _text_config(args.model)
-    vocab, hidden = _size(config, "vocab_size"), _size(config, "hidden_size")
+    hidden = _size(_text_config(args.model), "hidden_size")
     for name in files_mod.choose(names, sample, args.seed):
         if files_mod.shard(name, args.world_size) == args.rank:
-            add(chosen, files_mod.read_header(paths[name], name), vocab, hidden)
+            add(chosen, files_mod.read_header(paths[name], name), hidden)
     if not chosen.audited and not chosen.wrong and chosen.na and args.world_size == 1:
         reasons = sorted({str(f.na) for f in chosen.na})
         raise UsageError(f"no file of DATA {args.data} can be audited: {'; '.join(reasons[:3])}")
     return chosen
 
 
-def add(chosen: Chosen, found: files_mod.DataFile, vocab: int | None, hidden: int | None) -> None:
-    """File `found` into audited, n/a or wrong; an audited file's tokens are read here, once."""
+def add(chosen: Chosen, found: files_mod.DataFile, hidden: int | None) -> None:
+    """File `found` into audited, n/a or wrong."""
     if found.na is None:
         why = unfit(found, chosen.ids, hidden)
         if why:
             found = dataclasses.replace(found, na=why, wrong=None)
     if found.na is not None:
         chosen.na.append(found)
-        return
-    if found.wrong is not None:
+    elif found.wrong is not None:
         chosen.wrong.append(found)
-        return
-    try:
-        prompt = files_mod.token_ids(found)[: chosen.judged_tokens(found)]
-    except Exception as error:  # the header was sound, the bytes are not
-        chosen.na.append(
-            dataclasses.replace(found, na=f"unreadable token ids: {type(error).__name__}: {error}")
-        )
-        return
-    beyond = [t for t in prompt if not 0 <= t < (vocab if vocab is not None else 2**63)]
-    if beyond:
-        chosen.na.append(
-            dataclasses.replace(found, na=f"token ids {beyond[:3]} beyond the vocabulary ({vocab})")
-        )
-        return
-    chosen.audited.append(found)
-    chosen.keys.append(files_mod.tokens_key(prompt))
+    else:
+        chosen.audited.append(found)
 
 
 def engine_ids(ids: list[int], layers: int) -> list[int]:
@@ -199,14 +185,12 @@ def engine_ids(ids: list[int], layers: int) -> list[int]:
     return sorted(wanted | set(ids))
 
 
-def batches(
-    found: list[files_mod.DataFile], tokens: Callable[[files_mod.DataFile], int], checked: int
-) -> Iterator[list[files_mod.DataFile]]:
+def batches(found: Sequence[T], tokens: Callable[[T], int], checked: int) -> Iterator[list[T]]:
     """The files in generate calls of at most PROMPTS_PER_CALL prompts and `checked` tokens (the
     tokens the pre-flight compares per forward): no forward of a call holds more, so every judged
     token is one the run's own check compared, except past the first `checked` of a longer file
     (alone in its call; worker.py counts those)."""
-    batch: list[files_mod.DataFile] = []
+    batch: list[T] = []
     held = 0
     for one in found:
         if batch and (len(batch) == PROMPTS_PER_CALL or held + tokens(one) > checked):
@@ -219,22 +203,26 @@ def batches(
 
 
 class Audit(verify_command.Run):
-    """The check's run, with the files' tokens as its workload and their judgement as its output."""
+    """The check's run, with the files' tokens as its workload and their judgement as its output.
+    Each generate call's results and the check's records are taken once the call returns (and
+    removed), so neither memory nor the report directory grows with the number of files."""
 
     COMMAND = "audit"
+    REMOVE_RECORDS = True  # each forward's record, once judged: the audit's forwards are many
 
     def __init__(self, args: argparse.Namespace, stdout: Any, chosen: Chosen) -> None:
         super().__init__(args, stdout)
         self.chosen = chosen
         self.out = ""
         self.max_len: int | None = None
-        self.unreadable: dict[str, str] = {}  # path -> why, files that broke after they were chosen
-        self._rows: tuple[outcome_mod.Outcome | None, list[dict[str, Any]]] | None = None
+        self.results = Results(chosen.ids, bool(getattr(args, "list_every_file", False)))
+        self.manifest = ""
         self._document: tuple[outcome_mod.Outcome | None, dict[str, Any]] | None = None
 
     def before_vllm(self, plan: verify_command.Plan) -> None:
         self.out = os.path.join(plan.report_dir, plan.run_id, "audit")
         os.makedirs(self.out, exist_ok=True)
+        self.manifest = os.path.join(plan.report_dir, plan.run_id, "audit-manifest.json")
 
     def adjust_engine(self, engine: Any, config: Any) -> None:
         assert self.plan is not None
@@ -251,122 +239,155 @@ class Audit(verify_command.Run):
         )
         engine.enable_prefix_caching = False  # a cached prefix would leave a prompt's start out
         engine.enable_chunked_prefill = False  # each prompt whole in one forward
-        self._write_manifest(self.plan)
+        self._write_manifest([])
+        os.environ[MANIFEST_VAR] = self.manifest
 
     def _fit_hidden_size(self, hidden: int | None) -> None:
         """Files of another hidden size than the engine's model: `n/a` before it starts (a
         checkpoint named by its Hugging Face id has no config.json to read earlier)."""
-        kept, keys = [], []
-        for found, key in zip(self.chosen.audited, self.chosen.keys, strict=True):
+        kept = []
+        for found in self.chosen.audited:
             why = unfit(found, self.chosen.ids, hidden)
             if why:
                 self.chosen.na.append(dataclasses.replace(found, na=why))
             else:
                 kept.append(found)
-                keys.append(key)
-        self.chosen.audited, self.chosen.keys = kept, keys
+        self.chosen.audited = kept
         if not kept:
             raise own_engine.CommandError("no chosen file fits the model: " + str(self.chosen.na[0].na))
 
-    def _write_manifest(self, plan: verify_command.Plan) -> None:
-        # Each file's states are judged at its stored dtype's precision too (compare.py reads it).
+    def _write_manifest(self, entries: list[dict[str, Any]]) -> None:
+        """The files of the next generate call, for the worker (worker.py reads it again when it
+        changes); each file's states are judged at its stored dtype's precision too (compare.py)."""
+        assert self.manifest, "before_vllm names the manifest's path"
         manifest = {
             "ids": self.chosen.ids,
             "tolerance": getattr(self.args, "tolerance", None),  # --tolerance replaces the rule
             "out": self.out,
-            "files": [
-                {
-                    "path": str(f.path),
-                    "tokens_key": key,
-                    "rows": self.chosen.judged_tokens(f),
-                    "dtype": f.dtype,
-                }
-                for f, key in zip(self.chosen.audited, self.chosen.keys, strict=True)
-            ],
+            "files": entries,
         }
-        path = os.path.join(plan.report_dir, plan.run_id, "audit-manifest.json")
-        with open(path, "w", encoding="utf-8") as handle:
+        with open(self.manifest + ".tmp", "w", encoding="utf-8") as handle:
             json.dump(manifest, handle)
-        os.environ[MANIFEST_VAR] = path
+        os.replace(self.manifest + ".tmp", self.manifest)
+
+    def row(self, index: int) -> dict[str, Any]:
+        """What the command knows of audited file `index` before its result."""
+        found = self.chosen.audited[index]
+        row: dict[str, Any] = {"file": str(found.path), "status": "n/a", "per_id": []}
+        judged = self.chosen.judged_tokens(found)
+        return row | {"tokens": found.tokens, "judged_tokens": judged, "dtype": found.dtype}
 
     def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
         self.max_len = max_len
         prefill = sampling(max_tokens=1, temperature=0.0)
-        runnable = [f for f in self.chosen.audited if self.chosen.judged_tokens(f) + 1 <= max_len]
+        chosen, runnable = self.chosen, []
+        for index, found in enumerate(chosen.audited):
+            if chosen.judged_tokens(found) + 1 <= max_len:
+                runnable.append(index)
+            else:
+                why = f"{chosen.judged_tokens(found)} tokens: longer than the engine's max_model_len"
+                why += f" {max_len}"
+                self.results.add(self.row(index) | {"why": why}, index)
         done = 0
-        for batch in batches(runnable, self.chosen.judged_tokens, verify_settings.read().tokens):
+        sizes = lambda index: chosen.judged_tokens(chosen.audited[index])  # noqa: E731
+        for batch in batches(runnable, sizes, verify_settings.read().tokens):
             self.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
-            prompts = [prompt for prompt in map(self._prompt, batch) if prompt is not None]
+            prompts, entries = self._prompts(batch, vocab)
+            self._write_manifest(entries)
             if prompts:
                 self.llm.generate(prompts, prefill, use_tqdm=False)
+            for entry in entries:
+                self.results.take(self.out, entry["index"], self.row(entry["index"]))
+            self.records().consume()  # the forwards of this call, every rank's record in
             done += len(batch)
             if sys.stderr.isatty() and not self.args.json:
                 print(f"\rvllm-hotfix audit: {done} of {len(runnable)} files", end="", file=sys.stderr)
         if sys.stderr.isatty() and not self.args.json:
             print(file=sys.stderr)
 
-    def _prompt(self, found: files_mod.DataFile) -> dict[str, list[int]] | None:
-        """The file's prompt, read again (the command holds one batch's tokens at a time); None
-        where the file broke since it was chosen: it alone stays unjudged, with why."""
-        try:
-            return {"prompt_token_ids": files_mod.token_ids(found)[: self.chosen.judged_tokens(found)]}
-        except Exception as error:
-            self.unreadable[str(found.path)] = f"unreadable token ids: {type(error).__name__}: {error}"
-            return None
+    def _prompts(self, batch: list[int], vocab: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The batch's prompts and the manifest's entries, each file's tokens read here, once; a
+        file whose tokens are unreadable or beyond the vocabulary is `n/a`, alone."""
+        prompts, entries = [], []
+        for index in batch:
+            found = self.chosen.audited[index]
+            judged = self.chosen.judged_tokens(found)
+            try:
+                prompt = files_mod.token_ids(found)[:judged]
+            except Exception as error:  # the header was sound, the bytes are not
+                why = f"unreadable token ids: {type(error).__name__}: {error}"
+                self.results.add(self.row(index) | {"why": why}, index)
+                continue
+            beyond = [t for t in prompt if not 0 <= t < vocab]
+            if beyond:
+                why = f"token ids {beyond[:3]} beyond the vocabulary ({vocab})"
+                self.results.add(self.row(index) | {"why": why}, index)
+                continue
+            key = files_mod.tokens_key(prompt)
+            entries.append({"index": index, "path": str(found.path), "tokens_key": key, "rows": judged})
+            prompts.append({"prompt_token_ids": prompt})
+        return prompts, entries
+
+    def collect(self) -> None:
+        """Take the results the worker left that no batch took (a run cut short mid-call)."""
+        names = os.listdir(self.out) if self.out and os.path.isdir(self.out) else []
+        left = (name.removesuffix(".json") for name in names if name.endswith(".json"))
+        for index in sorted(int(stem) for stem in left if stem.isdigit()):
+            if index not in self.results.taken and index < len(self.chosen.audited):
+                self.results.take(self.out, index, self.row(index))
 
     # -- the judgement -------------------------------------------------------------------------
-    def results(self, judged: outcome_mod.Outcome | None) -> list[dict[str, Any]]:
-        """Each file's row, read once per judgement (the document, the text and the exit code
-        all need them, and a dataset's results are a file each). `judged` None: no engine ran."""
-        if self._rows is None or self._rows[0] is not judged:
-            self._rows = (judged, self._read_results(judged))
-        return self._rows[1]
-
-    def _read_results(self, judged: outcome_mod.Outcome | None) -> list[dict[str, Any]]:
+    def judgement(
+        self, judged: outcome_mod.Outcome | None
+    ) -> tuple[dict[str, int], list[dict[str, Any]], list[str]]:
+        """(counts, the rows to name, notes) of every chosen file: the results taken, those the run
+        never reached, the files wrong as they stand and n/a before the engine. Where the pre-flight
+        check did not PASS the reference is unproven: no file is ok or wrong on its states."""
         proven = judged is not None and judged.verdict == outcome_mod.PASS
-        rows = []
-        for index, found in enumerate(self.chosen.audited):
-            judged_tokens = self.chosen.judged_tokens(found)
-            row: dict[str, Any] = {"file": str(found.path), "status": "n/a", "per_id": []}
-            row.update(tokens=found.tokens, judged_tokens=judged_tokens, dtype=found.dtype)
-            if str(found.path) in self.unreadable:
-                row["why"] = self.unreadable[str(found.path)]
-            elif self.max_len is not None and judged_tokens + 1 > self.max_len:
-                row["why"] = f"{judged_tokens} tokens: longer than the engine's max_model_len {self.max_len}"
+        counts, rows, notes = dict(self.results.counts), [], []
+        every = self.results.list_every_file
+        if not proven and judged is not None:
+            why = f"the reference is unproven: the pre-flight check says {judged.verdict}"
+            for row in self.results.rows:
+                if row["status"] != "n/a":
+                    row = row | {"measured": row["status"], "status": "n/a", "why": why}
+                rows.append(row)
+            unproven = counts["ok"] + counts["wrong"]
+            counts = {"ok": 0, "wrong": 0, "n/a": counts["n/a"] + unproven}
+            if unproven:
+                notes.append(f"{unproven} files judged against the recomputed states are n/a: {why}")
+        else:
+            rows = list(self.results.rows)
+        unreached = [i for i in range(len(self.chosen.audited)) if i not in self.results.taken]
+        if unreached:
+            ended = judged is None or judged.error
+            why = "not recomputed: " + (
+                "the run ended before its prompt ran (see the verdict)"
+                if ended
+                else "no forward of the engine carried its tokens whole"
+            )
+            counts["n/a"] += len(unreached)
+            if every or not ended:
+                rows += [self.row(index) | {"why": why} for index in unreached]
             else:
-                try:
-                    with open(os.path.join(self.out, f"{index}.json"), encoding="utf-8") as handle:
-                        row.update(json.load(handle))
-                except (OSError, ValueError):  # never recomputed: the run ended early, or no forward fit
-                    row["why"] = "not recomputed: " + (
-                        "the run ended before its prompt ran (see the verdict)"
-                        if judged is None or judged.error
-                        else "no forward of the engine carried its tokens whole"
-                    )
-            if row["status"] != "n/a" and not proven:
-                assert judged is not None
-                row["measured"], row["status"] = row["status"], "n/a"
-                row["why"] = f"the reference is unproven: the pre-flight check says {judged.verdict}"
-            rows.append(row)
+                notes.append(f"{len(unreached)} files n/a, {why}")
         rows += [
-            {
-                "file": str(f.path),
-                "status": "wrong",
-                "why": f.wrong,
-                "tokens": f.tokens,
-                "rows": f.rows,
-                "per_id": [],
-            }
+            {"file": str(f.path), "status": "wrong", "why": f.wrong, "tokens": f.tokens, "rows": f.rows}
+            | {"per_id": []}
             for f in self.chosen.wrong
         ]
         rows += [{"file": str(f.path), "status": "n/a", "why": f.na, "per_id": []} for f in self.chosen.na]
-        return rows
+        counts["wrong"] += len(self.chosen.wrong)
+        counts["n/a"] += len(self.chosen.na)
+        return counts, rows, notes
 
-    def verdict(self, judged: outcome_mod.Outcome | None, rows: list[dict[str, Any]]) -> tuple[str, int, str]:
+    def verdict(
+        self, judged: outcome_mod.Outcome | None, counts: dict[str, int], rows: list[dict[str, Any]]
+    ) -> tuple[str, int, str]:
         if judged is None:
-            return verdict_mod.verdict(rows, None)
+            return verdict_mod.verdict(counts, rows, None)
         error = judged.reason if judged.exit_code == exit_codes.ERROR else None
-        return verdict_mod.verdict(rows, judged.verdict, error)
+        return verdict_mod.verdict(counts, rows, judged.verdict, error)
 
     def document(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
         """The document, built once per judgement; a failure to build it is exit 3 with a
@@ -382,10 +403,14 @@ class Audit(verify_command.Run):
         return self._document[1]
 
     def _build(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
-        rows = self.results(judged)
-        verdict, code, reason = self.verdict(judged, rows)
+        self.collect()
+        counts, rows, notes = self.judgement(judged)
+        verdict, code, reason = self.verdict(judged, counts, rows)
         chosen = self.chosen
-        shard_sample = None if chosen.sample is None or chosen.sample >= chosen.total else len(rows)
+        in_sample = sum(counts.values())
+        shard_sample = None if chosen.sample is None or chosen.sample >= chosen.total else in_sample
+        said = [note for note in (chosen.ids_note, self._coverage_note()) if note]
+        notes = said + notes + self._moe_notes()
         return cli_output.document(
             "audit",
             code,
@@ -397,26 +422,38 @@ class Audit(verify_command.Run):
             ids=chosen.ids,
             ids_given=chosen.ids_given,
             precision=precision.for_the_run(getattr(self.args, "tolerance", None)),
-            notes=[note for note in (chosen.ids_note, self._coverage_note(rows)) if note],
+            notes=notes,
             files_in_data=chosen.total,
             selection=chosen.selection(),
-            estimate=verdict_mod.estimate(rows, chosen.in_shard, shard_sample, chosen.seed),
+            estimate=verdict_mod.estimate(counts, chosen.in_shard, shard_sample, chosen.seed),
             check=None if judged is None else verify_command.Run.document(self, judged, timed_out),
+            counts=counts,
+            per_id=self.results.per_id_summary(),
+            files_listed="every file" if self.results.list_every_file else "wrong and n/a",
             files=rows,
         )
 
-    @staticmethod
-    def _coverage_note(rows: list[dict[str, Any]]) -> str | None:
+    def _coverage_note(self) -> str | None:
         """How many judged tokens the run's own pre-flight did not check (worker.py counts them)."""
-        short = [r for r in rows if r.get("not_preflighted_tokens")]
-        if not short:
+        short = self.results.not_preflighted
+        if not short["files"]:
             return None
-        tokens = sum(int(r["not_preflighted_tokens"]) for r in short)
         return (
-            f"{tokens} judged tokens of {len(short)} files lie beyond the first"
+            f"{short['tokens']} judged tokens of {short['files']} files lie beyond the first"
             f" {verify_settings.read().tokens} tokens of their forward, which the pre-flight check"
             f" compares ({verify_settings.TOKENS_VAR}); see each file's not_preflighted_tokens"
+            " (--list-every-file lists the ok ones too)"
         )
+
+    def _moe_notes(self) -> list[str]:
+        """Per id, the ok files with tokens over the tolerance, within a MoE model's allowance."""
+        return [
+            f"id {e['id']}: {e['files_with_tokens_over']} ok files have tokens over the tolerance (at"
+            f" most {e['most_tokens_over']['tokens']} of {e['most_tokens_over']['of']}), within what a"
+            " MoE model's routing may move (precision.py)"
+            for e in self.results.per_id_summary()
+            if e["files_with_tokens_over"]
+        ]
 
     def text(self, judged: outcome_mod.Outcome | None) -> str:
         document = self.document(judged, False)
@@ -573,6 +610,12 @@ def add_parser(commands: Any) -> None:
         default=0,
         metavar="R",
         help="the shard this run audits, 0 to W-1 (default 0)",
+    )
+    audit.add_argument(
+        "--list-every-file",
+        action="store_true",
+        help="name every audited file in the output, ok ones too (default: the wrong and n/a ones;"
+        " ok files are counted, so that the output does not grow with the dataset)",
     )
     audit.add_argument(
         "--tolerance",

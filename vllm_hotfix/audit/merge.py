@@ -31,6 +31,11 @@ def _read(path: str) -> dict[str, Any]:
         raise UsageError(f"REPORT {path}: not readable as JSON ({error})") from None
     if not isinstance(document, dict) or document.get("command") != "audit" or "selection" not in document:
         raise UsageError(f"REPORT {path}: not the --json document of a vllm-hotfix audit shard")
+    if document.get("schema") != audit_command.SCHEMA:
+        raise UsageError(
+            f"REPORT {path}: schema {document.get('schema')}, not {audit_command.SCHEMA}: made by another"
+            " version of vllm-hotfix; audit the shard again with this one"
+        )
     return document
 
 
@@ -69,7 +74,8 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         for d in documents.values()
         if d.get("exit_code") == exit_codes.ERROR
     ]
-    verdict, code, reason = verdict_mod.verdict(rows, None, "; ".join(failed) or None)
+    counts = {s: sum(int(d["counts"][s]) for d in documents.values()) for s in verdict_mod.STATUSES}
+    verdict, code, reason = verdict_mod.verdict(counts, rows, None, "; ".join(failed) or None)
     if missing and code in (exit_codes.OK, exit_codes.INCOMPLETE):
         verdict, code = verdict_mod.UNKNOWN, exit_codes.INCOMPLETE
         reason = f"ranks {missing} of {world} missing; {reason}"
@@ -97,7 +103,7 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         ids=first["ids"],
         notes=notes,
         selection=selection,
-        estimate=None if missing else verdict_mod.estimate(rows, total, sample, int(first["seed"] or 0)),
+        estimate=None if missing else verdict_mod.estimate(counts, total, sample, int(first["seed"] or 0)),
         shards=[
             {
                 "report": path,
@@ -108,8 +114,34 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             }
             for path in sorted(paths, key=lambda p: documents[p]["selection"]["rank"])
         ],
+        counts=counts,
+        per_id=_per_id([d.get("per_id") or [] for d in documents.values()]),
+        files_listed="every file"
+        if all(d.get("files_listed") == "every file" for d in documents.values())
+        else "wrong and n/a",
         files=rows,
     )
+
+
+def _per_id(shards: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The shards' per-id summaries as one: counts summed, the largest difference and its file,
+    the most tokens over the tolerance of an ok file."""
+    merged: dict[int, dict[str, Any]] = {}
+    for entries in shards:
+        for entry in entries:
+            if entry["id"] not in merged:
+                merged[entry["id"]] = dict(entry)
+                continue
+            held = merged[entry["id"]]
+            for key in (*verdict_mod.STATUSES, "files_with_tokens_over"):
+                held[key] += entry[key]
+            figure = entry.get("max_rel_diff")
+            if figure is not None and (held["max_rel_diff"] is None or figure > held["max_rel_diff"]):
+                held["max_rel_diff"], held["worst_file"] = figure, entry.get("worst_file")
+            most, theirs = held.get("most_tokens_over"), entry.get("most_tokens_over")
+            if theirs is not None and (most is None or theirs["tokens"] > most["tokens"]):
+                held["most_tokens_over"] = theirs
+    return list(merged.values())
 
 
 def run(args: argparse.Namespace) -> int:

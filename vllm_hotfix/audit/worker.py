@@ -1,7 +1,8 @@
 """In the engine's process that holds the aux states (tensor-parallel rank 0): each forward's
 prompts are matched to the dataset's files by their tokens, and each file is judged (compare.py)
-and its result written to the run's directory. One file is read at a time, so memory stays
-bounded whatever the dataset's size; the dataset is only read.
+and its result written to the run's directory, where the command takes it (results.py) after its
+generate call. One file is read at a time, so memory stays bounded whatever the dataset's size;
+the dataset is only read.
 
 A prompt is whole in one forward, from position 0: the audit's engine runs without prefix caching
 and with every prompt in one step (command.py); a prompt that arrives otherwise is `n/a`.
@@ -14,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.audit import compare, files, precision
+from vllm_hotfix.audit import compare, files, precision, results
 
 MANIFEST_VAR = "VLLMHOTFIX_AUDIT_MANIFEST"  # set by `vllm-hotfix audit` for its engine's processes
 _MOE_LAYERS = ("RoutedExperts", "FusedMoE")  # vLLM's expert layer, by release
@@ -66,28 +67,47 @@ def segments(positions: Any) -> list[tuple[int, int]]:
 class Auditor:
     """Judges the files whose tokens a forward carried; writes `<out>/<index>.json` per file. A
     file that cannot be judged (unreadable since its header was read, a shape the engine's states
-    do not match) is `n/a` with why, and costs no other file of the forward its judgement."""
+    do not match) is `n/a` with why, and costs no other file of the forward its judgement.
+
+    The manifest names the files of the command's current generate call only: the command rewrites
+    it (aside, then renamed) before each call, and the auditor reads it again when it has changed,
+    so neither side holds more than one call's files."""
 
     def __init__(self, manifest_path: str, engine_ids: Sequence[int], moe: bool = False) -> None:
         from vllm_hotfix.verify import settings as verify_settings
 
-        with open(manifest_path, encoding="utf-8") as handle:
-            manifest = json.load(handle)
-        self.ids: list[int] = manifest["ids"]
-        self.tolerance: float | None = manifest.get("tolerance")  # --tolerance: replaces the rule
+        self.manifest_path = manifest_path
         self.moe = moe
-        self.out: str = manifest["out"]
         self.engine_ids = list(engine_ids)
         self.checked_tokens = verify_settings.read().tokens  # what the pre-flight compares per forward
+        self.read_as: tuple[int, int] | None = None  # (inode, mtime) of the manifest as last read
+        self.ids: list[int] = []
+        self.tolerance: float | None = None  # --tolerance: replaces the rule
+        self.out = ""
         # index -> the file's entry: path, the rows judged (its first --max-tokens), stored dtype
-        self.entries: dict[int, dict[str, Any]] = dict(enumerate(manifest["files"]))
+        self.entries: dict[int, dict[str, Any]] = {}
         self.by_tokens: dict[str, list[int]] = {}
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Read the manifest again where the command has replaced it (a new generate call)."""
+        stat = os.stat(self.manifest_path)
+        if (stat.st_ino, stat.st_mtime_ns) == self.read_as:
+            return
+        with open(self.manifest_path, encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        self.read_as = (stat.st_ino, stat.st_mtime_ns)
+        self.ids, self.tolerance, self.out = manifest["ids"], manifest.get("tolerance"), manifest["out"]
+        # a file's number: its result's name (results.py); by default its place in the manifest
+        self.entries = {int(entry.get("index", n)): entry for n, entry in enumerate(manifest["files"])}
+        self.by_tokens = {}
         for index, entry in self.entries.items():
             self.by_tokens.setdefault(entry["tokens_key"], []).append(index)
 
     def forward(self, input_ids: Any, positions: Any, aux: Sequence[Any]) -> None:
         """One forward of the engine: its flattened tokens, positions and aux states (one
         [tokens, hidden] tensor per engine id)."""
+        self._refresh()
         engine_dtype = aux[0].dtype
         for start, end in segments(positions):
             matches = self.by_tokens.pop(files.tokens_key(input_ids[start:end].tolist()), [])
@@ -129,7 +149,7 @@ class Auditor:
         return result
 
     def _write(self, index: int, path: str, result: dict[str, Any]) -> None:
-        final = os.path.join(self.out, f"{index}.json")
+        final = results.result_path(self.out, index)
         with open(final + ".tmp", "w", encoding="utf-8") as handle:
             json.dump({"file": path, **result}, handle)
         os.replace(final + ".tmp", final)

@@ -27,12 +27,13 @@ from vllm_hotfix.errors import one_line
 from vllm_hotfix.own_engine import CommandError, writable
 from vllm_hotfix.verify import inductor_order, runtime
 from vllm_hotfix.verify import outcome as outcome_mod
+from vllm_hotfix.verify import records as records_mod
 from vllm_hotfix.verify import settings as verify_settings
 
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
-SCHEMA = cli_output.SCHEMAS["verify"]  # 3: no "final"; 4: a per-id status is ok, wrong or n/a
+SCHEMA = cli_output.SCHEMAS["verify"]  # 4: a per-id status is ok, wrong or n/a; 5: tokens as totals
 PLAN_KEYS = ("run_id", "method", "ids", "model_class", "compilation", "load_format", "report_dir")  # document
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
@@ -79,13 +80,21 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
             f" {compiled.get('cudagraph_mode')}"
         )
     for r in reports:
-        agree, count, checked = r.get("ranks_agree") or {}, r.get("count") or {}, r.get("checked_tokens")
+        agree, count = r.get("ranks_agree") or {}, r.get("count") or {}
+        tokens, checked = r.get("tokens") or {}, r.get("checked_tokens") or {}
         lines.append(
             f"rank {r.get('rank')}/{r.get('world')} (pid {r.get('pid')}): {r.get('verdict')}; forwards"
-            f" checked: {r.get('steps')} (tokens {r.get('tokens')})"
+            f" checked: {r.get('steps')}"
         )
-        if checked is not None and checked != r.get("tokens"):
-            lines[-1] += f", compared on their first tokens: {checked} ({verify_settings.TOKENS_VAR})"
+        if r.get("steps"):
+            lines[-1] += (
+                f" ({tokens.get('smallest')} to {tokens.get('largest')} tokens, {tokens.get('total')} in all)"
+            )
+        if checked.get("cut_forwards"):
+            lines[-1] += (
+                f"; {checked['cut_forwards']} compared on their first"
+                f" {verify_settings.read().tokens} tokens ({verify_settings.TOKENS_VAR})"
+            )
         if r.get("steps"):
             tolerance = "n/a" if agree.get("tolerance") is None else f"{agree['tolerance']:.0e}"
             worst = f", worst at id {agree['worst_id']}" if agree.get("worst_id") is not None else ""
@@ -135,6 +144,7 @@ class Run:
     """One run: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
 
     COMMAND = "verify"  # the command a usage error names
+    REMOVE_RECORDS = False  # verify keeps its records in the report directory
 
     def __init__(self, args: argparse.Namespace, stdout: TextIO) -> None:
         self.args = args
@@ -146,6 +156,7 @@ class Run:
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.own_dir: str | None = None  # a temporary report directory this run made (removed at the end)
+        self._records: records_mod.RunRecords | None = None
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self, error: str | None = None, timed_out: bool = False) -> None:
@@ -158,7 +169,9 @@ class Run:
         reports: list[dict[str, Any]] = []
         if plan is not None:
             try:
-                reports, ignored = outcome_mod.read_run(plan.report_dir, plan.run_id)
+                found = self.records()
+                found.consume(final=True)
+                reports, ignored = found.reports(), found.other_runs()
             except Exception as failed:  # e.g. no torch: the command's own failure
                 error = error or f"the reports could not be combined: {one_line(failed)}"
         world = plan.world if plan is not None else outcome_mod.World()
@@ -176,6 +189,14 @@ class Run:
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
         os._exit(code)  # vLLM's engine processes may hold the interpreter's exit
+
+    def records(self) -> records_mod.RunRecords:
+        """The run's records, judged as they arrive (REMOVE_RECORDS: removed once judged)."""
+        assert self.plan is not None
+        if self._records is None:
+            plan = self.plan
+            self._records = records_mod.RunRecords(plan.report_dir, plan.run_id, self.REMOVE_RECORDS)
+        return self._records
 
     def expire(self) -> None:
         limit = self.args.timeout

@@ -1,20 +1,17 @@
-"""The ranks' records of one run combined after it, one report per rank, and the run's verdict.
+"""One report per rank, folded from its forwards' checks (records.py feeds them as they arrive),
+and the run's verdict.
 
-Forward n of every tensor-parallel rank is judged together (checks.judge_step). PASS only when
-every worker the engine arguments imply reported and passed and every id was compared; a FAIL
-anywhere is a FAIL; a missing rank or an error is UNKNOWN; another run's records never count.
+PASS only when every worker the engine arguments imply reported and passed and every id was
+compared; a FAIL anywhere is a FAIL; a missing rank or an error is UNKNOWN; another run's records
+never count.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
-import os
 from typing import Any
 
 from vllm_hotfix import exit_codes
-from vllm_hotfix.verify import checks as checks_mod
 from vllm_hotfix.verify.checks import StepCheck
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"  # a run's verdicts
@@ -27,142 +24,173 @@ RANK_KEYS = {
 }  # report: facts
 
 
-def read_run(report_dir: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
-    """Every rank's report of run `run_id` in `report_dir`, and how many other runs' were left there."""
-    others = [p for p in glob.glob(os.path.join(report_dir, "*", "")) if os.path.basename(p[:-1]) != run_id]
-    ranks = []
-    for path in sorted(glob.glob(os.path.join(report_dir, run_id, "*", "facts.json"))):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                facts = json.load(handle)
-        except (OSError, ValueError):
-            continue
-        if isinstance(facts, dict) and facts.get("run_id") == run_id:
-            ranks.append(facts | {"_dir": os.path.dirname(path)})
-    return combine(ranks), len(others)
+class _IdTally:
+    """One id over the forwards, folded: wrong if one failed it, else ok if one compared it (the
+    entry with the largest difference), else n/a (the first forward's why); the forwards that
+    judged it and those on which it was not compared; the forward sizes (tokens) seen and those on
+    which it was compared (`gaps`: sizes on none of whose forwards it was)."""
+
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+        self.first: dict[str, Any] | None = None
+        self.worst: dict[str, dict[str, Any]] = {}  # status ("wrong", "ok") -> its largest entry
+        self.checked = 0
+        self.skipped = 0
+        self.skipped_why: Any = None
+        self.sizes: set[int] = set()
+        self.seen: set[int] = set()
+
+    def add(self, tokens: int, entry: dict[str, Any]) -> None:
+        self.first = self.first or entry
+        self.checked += 1
+        self.sizes.add(tokens)
+        status = entry["status"]
+        if status in COMPARED:
+            self.seen.add(tokens)
+            held = self.worst.get(status)
+            if held is None or float(entry["max_rel_diff"] or 0.0) > float(held["max_rel_diff"] or 0.0):
+                self.worst[status] = entry
+        else:
+            self.skipped_why = self.skipped_why if self.skipped else entry.get("why")
+            self.skipped += 1
+
+    def report(self) -> dict[str, Any]:
+        if self.first is None:
+            return {"id": self.layer_id, "status": "n/a", "max_rel_diff": None, "tolerance": None} | {
+                "reference": "",
+                "why": "no forward compared it",
+                "forwards": {"checked": 0, "not_compared": 0},
+                "gaps": [],
+            }
+        compared = self.worst.get("wrong") or self.worst.get("ok")
+        found = dict(compared or self.first)
+        found["forwards"] = {"checked": self.checked, "not_compared": self.skipped}
+        found["gaps"] = sorted(self.sizes - self.seen) if self.seen else []
+        if self.skipped and compared:
+            found["why"] = found.get("why") or self.skipped_why
+        return found
 
 
-def _records(directory: str) -> list[dict[str, Any]]:
-    import torch
+class Tally:
+    """One rank's forwards folded as they are judged (checks.judge_step, one forward at a time):
+    what its report says, held in memory that grows with the ids and the distinct forward sizes,
+    never with the number of forwards."""
 
-    found = []
-    for path in sorted(glob.glob(os.path.join(directory, "step-*.pt"))):
-        try:
-            found.append(torch.load(path, weights_only=True))
-        except Exception as error:
-            message = f"unreadable {os.path.basename(path)}: {error}"
-            found.append({"error": {"stage": "record", "message": message}})
-    return found
+    MAX_ERRORS = 20  # errors listed in a report; `errors_total` counts them all
 
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.per_id = [_IdTally(layer_id) for layer_id in ids]
+        self.steps = 0
+        self.tolerance: float | None = None  # the first forward's (its dtype's)
+        self.tokens: dict[str, int] = {}  # total, smallest, largest: the forwards' sizes
+        self.checked = {"total": 0, "cut_forwards": 0}  # cut: compared on their first tokens only
+        self.count_detail: str | None = None  # the first forward whose count or shapes were wrong
+        self.errors: list[dict[str, Any]] = []
+        self.errors_total = 0
+        self.incomplete: str | None = None
+        self.complete = True
+        self.failed = False
+        self.worst: StepCheck | None = None  # the largest disagreement between ranks
+        self.agree = True
+        self.finite = True
+        self.failed_ranks: set[int] = set()
 
-def combine(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One report per rank from every rank's facts (`_dir`: where its records are). An earlier
-    pipeline stage's model returns no aux states: only the last stage's ranks are judged."""
-    groups: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for facts in ranks:
-        if int(facts.get("pp", 0)) == int(facts.get("pp_world", 1)) - 1:
-            groups.setdefault((facts.get("dp", 0), facts.get("pp", 0)), {})[int(facts.get("tp", 0))] = facts
-    reports = []
-    for _, members in sorted(groups.items()):
-        world = max(int(f.get("tp_world", 1)) for f in members.values())
-        records = {rank: _records(f["_dir"]) for rank, f in members.items()}
-        longest = max((len(found) for found in records.values()), default=0)
-        for rank, facts in sorted(members.items()):
-            ids, checks = list(facts.get("ids") or []), []
-            for n in range(longest):
-                step = [records[r][n] if r in records and n < len(records[r]) else None for r in range(world)]
-                checks.append(checks_mod.judge_step(step, ids, rank, facts.get("final_id")))
-            reports.append(summary(facts, checks))
-    return reports
+    def add(self, check: StepCheck) -> None:
+        self.steps += 1
+        if self.tolerance is None:
+            self.tolerance = check.tolerance
+        size, tokens = check.tokens, self.tokens
+        tokens["total"] = tokens.get("total", 0) + size
+        tokens["smallest"] = min(tokens.get("smallest", size), size)
+        tokens["largest"] = max(tokens.get("largest", size), size)
+        compared = check.tokens if check.checked is None else check.checked
+        self.checked["total"] += compared
+        self.checked["cut_forwards"] += compared < check.tokens
+        for position, layer in enumerate(self.per_id):
+            if len(check.per_id) > position:
+                layer.add(check.tokens, check.per_id[position])
+        if not check.count_ok and self.count_detail is None:
+            self.count_detail = check.count_detail
+        self.errors += check.errors[: max(0, self.MAX_ERRORS - len(self.errors))]
+        self.errors_total += len(check.errors)
+        self.incomplete = self.incomplete or check.missing_note
+        self.complete = self.complete and check.complete
+        self.failed = self.failed or (check.failed and check.missing_note is None)
+        if self.worst is None or check.ranks_rel_diff > self.worst.ranks_rel_diff:
+            self.worst = check
+        self.agree = self.agree and check.ranks_agree
+        self.finite = self.finite and check.finite_ok
+        self.failed_ranks.update(check.failed_ranks)
 
-
-def _over_forwards(checks: list[StepCheck], position: int, layer_id: int) -> dict[str, Any]:
-    """An id over the forwards: wrong if one failed it, else ok if one compared it (the entry with
-    the largest difference), else n/a (the first forward's why); `forwards` counts the forwards
-    that judged it and those on which it was not compared, `gaps` names the forward sizes (tokens)
-    on none of whose forwards it was compared."""
-    steps = [(c.tokens, c.per_id[position]) for c in checks if len(c.per_id) > position]
-    if not steps:
-        return {"id": layer_id, "status": "n/a", "max_rel_diff": None, "tolerance": None, "reference": ""} | {
-            "why": "no forward compared it",
-            "forwards": {"checked": 0, "not_compared": 0},
-            "gaps": [],
+    def report(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """This rank's report (docs/usage.md lists its keys)."""
+        entries = [layer.report() for layer in self.per_id]
+        compared = [e["id"] for e in entries if e["status"] in COMPARED]
+        missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in COMPARED]
+        # an id compared on some forwards but on no forward of some size: that size is unproven for it
+        missing += [
+            {"id": e["id"], "why": e.get("why"), "tokens": e["gaps"]}
+            for e in entries
+            if e["status"] in COMPARED and e["gaps"]
+        ]
+        partly = [
+            {"id": e["id"], **e["forwards"], "why": e.get("why")}
+            for e in entries
+            if e["status"] in COMPARED and not e["gaps"] and e["forwards"]["not_compared"]
+        ]
+        coverage = {
+            "ok": bool(self.steps) and not missing,
+            "ids": len(self.ids),
+            "compared": compared,
+            "not_compared": missing,
+            "partly_compared": partly,
         }
-    entries = [e for _, e in steps]
-    compared = [e for e in entries if e["status"] == "wrong"] or [e for e in entries if e["status"] == "ok"]
-    found = dict(max(compared, key=lambda e: float(e["max_rel_diff"] or 0.0)) if compared else entries[0])
-    skipped = [e for e in entries if e["status"] not in COMPARED]
-    sizes = {tokens for tokens, _ in steps}
-    seen = {tokens for tokens, e in steps if e["status"] in COMPARED}
-    found["forwards"] = {"checked": len(steps), "not_compared": len(skipped)}
-    found["gaps"] = sorted(sizes - seen) if seen else []
-    if skipped and compared:
-        found["why"] = found.get("why") or skipped[0].get("why")
-    return found
+        verdict = PASS if self.steps and self.complete and coverage["ok"] else UNKNOWN
+        if self.failed:
+            verdict = FAIL  # a real failure, seen in what the ranks that recorded the forward wrote
+        said = "; ".join(f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in self.errors[:3])
+        said = said or self.incomplete or ""
+        note = f"the check could not complete: {said}" if said else None
+        if not self.steps:
+            note = "no forward with aux states was recorded"
+        worst = self.worst
+        return {
+            "verdict": verdict,
+            **{key: facts.get(key) for key in ("run_id", "pid", "host")},
+            **{name: facts.get(key) for name, key in RANK_KEYS.items()},
+            **{key: facts.get(key) for key in ("model", "model_class")},
+            "ids": self.ids,
+            **{key: facts.get(key) for key in ("vllm_version", "compilation")},
+            "steps": self.steps,
+            "tokens": {"total": 0, "smallest": None, "largest": None} | self.tokens,
+            # the tokens compared: each forward's first ones, at most VLLMHOTFIX_VERIFY_TOKENS
+            "checked_tokens": dict(self.checked),
+            "count": {"ok": self.count_detail is None, "detail": self.count_detail or "ok"},
+            "ranks_agree": {
+                "ok": self.agree,
+                "max_rel_diff": worst.ranks_rel_diff if worst else None,
+                "worst_id": worst.ranks_worst_id if worst else None,
+                "tolerance": self.tolerance,
+            },
+            "finite": {"ok": self.finite},
+            "failed_ranks": sorted(self.failed_ranks),
+            "per_id": entries,
+            "coverage": coverage,
+            "errors": self.errors,
+            "errors_total": self.errors_total,
+            "note": note,
+            "hint": facts.get("hint") if verdict == FAIL else None,
+            "inductor_order": facts.get("inductor_order"),
+        }
 
 
 def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
-    """One rank's report (docs/usage.md lists its keys)."""
-    ids = list(facts.get("ids") or [])
-    entries = [_over_forwards(checks, position, layer_id) for position, layer_id in enumerate(ids)]
-    compared = [e["id"] for e in entries if e["status"] in COMPARED]
-    missing = [{"id": e["id"], "why": e["why"]} for e in entries if e["status"] not in COMPARED]
-    # an id compared on some forwards but on no forward of some size: that size is unproven for it
-    missing += [
-        {"id": e["id"], "why": e.get("why"), "tokens": e["gaps"]}
-        for e in entries
-        if e["status"] in COMPARED and e["gaps"]
-    ]
-    partly = [
-        {"id": e["id"], **e["forwards"], "why": e.get("why")}
-        for e in entries
-        if e["status"] in COMPARED and not e["gaps"] and e["forwards"]["not_compared"]
-    ]
-    coverage = {
-        "ok": bool(checks) and not missing,
-        "ids": len(ids),
-        "compared": compared,
-        "not_compared": missing,
-        "partly_compared": partly,
-    }
-    count_bad = next((c for c in checks if not c.count_ok), None)
-    errors = [error for check in checks for error in check.errors]
-    incomplete = next((c.missing_note for c in checks if c.missing_note), None)
-    verdict = PASS if checks and all(c.complete for c in checks) and coverage["ok"] else UNKNOWN
-    if any(c.failed and c.missing_note is None for c in checks):
-        verdict = FAIL  # a real failure, seen in what the ranks that recorded the forward wrote
-    said = "; ".join(f"rank {e['rank']} at {e['stage']}: {e['message']}" for e in errors[:3]) or incomplete
-    note = f"the check could not complete: {said}" if said else None
-    if not checks:
-        note = "no forward with aux states was recorded"
-    worst = max(checks, key=lambda c: c.ranks_rel_diff) if checks else None
-    return {
-        "verdict": verdict,
-        **{key: facts.get(key) for key in ("run_id", "pid", "host")},
-        **{name: facts.get(key) for name, key in RANK_KEYS.items()},
-        **{key: facts.get(key) for key in ("model", "model_class")},
-        "ids": ids,
-        **{key: facts.get(key) for key in ("vllm_version", "compilation")},
-        "steps": len(checks),
-        "tokens": [c.tokens for c in checks],
-        # the tokens compared per forward: its first ones, at most VLLMHOTFIX_VERIFY_TOKENS
-        "checked_tokens": [c.tokens if c.checked is None else c.checked for c in checks],
-        "count": {"ok": count_bad is None, "detail": count_bad.count_detail if count_bad else "ok"},
-        "ranks_agree": {
-            "ok": all(c.ranks_agree for c in checks),
-            "max_rel_diff": worst.ranks_rel_diff if worst else None,
-            "worst_id": worst.ranks_worst_id if worst else None,
-            "tolerance": checks[0].tolerance if checks else None,
-        },
-        "finite": {"ok": all(c.finite_ok for c in checks)},
-        "failed_ranks": sorted({r for c in checks for r in c.failed_ranks}),
-        "per_id": entries,
-        "coverage": coverage,
-        "errors": errors,
-        "note": note,
-        "hint": facts.get("hint") if verdict == FAIL else None,
-        "inductor_order": facts.get("inductor_order"),
-    }
+    """One rank's report from its forwards' checks, in order (records.py folds them one by one)."""
+    tally = Tally(list(facts.get("ids") or []))
+    for check in checks:
+        tally.add(check)
+    return tally.report(facts)
 
 
 @dataclasses.dataclass(frozen=True)
