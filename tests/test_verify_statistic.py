@@ -1,7 +1,7 @@
 """The per-id statistic of the check cannot cry wolf, and still FAILs every planted defect class.
 
 A seeded Monte-Carlo on CPU with the package's own projection and statistic (checks.fingerprints,
-checks.rel_prints): correct bfloat16 states of a 7168-wide model whose layer output is summed by a
+precision.relative_difference): correct bfloat16 states of a 7168-wide model whose layer output is summed by a
 bfloat16 ring all-reduce over 8 ranks (each hop rounded to bfloat16, as NCCL's ring does; the path
 of the repairs that all-reduce a copy, and of vLLM's non-flashinfer V3.2 branch), compared with the
 tap's stream (the ranks' partial fingerprints summed in float32, plus the residual's: reference.py).
@@ -25,10 +25,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from vllm_hotfix import precision  # noqa: E402
 from vllm_hotfix.verify import checks  # noqa: E402
 
 HIDDEN, RANKS, TOKENS = 7168, 8, 512
-TOLERANCE = checks.TOLERANCE_16BIT
+TOLERANCE = precision.CHECK_TOLERANCE_16BIT
 # Comparisons in a default `vllm-hotfix verify` run at TP=8, generously: 13,200 prompt tokens
 # (lengths 16, 64, 512, 2048 in batches of 1 and 4), 20 decode tokens and at most 2 x 78 top-up
 # tokens < 20,000 tokens, x 4 ids, x 8 ranks (each judges its own state).
@@ -63,7 +64,7 @@ def _statistic(state, stream_print):
     """The package's statistic of `state` ([tokens, hidden]) against a stream's fingerprint."""
     proj = checks.projection(HIDDEN, "cpu")
     prints, scales, _ = checks.fingerprints([state], [True], 1, state.shape[0], proj)
-    return checks.rel_prints(prints[0], stream_print, scales[0])
+    return precision.relative_difference(prints[0], stream_print, scales[0])
 
 
 def _stream_print(residual, parts):

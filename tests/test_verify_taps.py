@@ -251,7 +251,7 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
         tapped[r, 0, 0, :rows_seen] = (hidden[shard] @ proj)[:rows_seen]
         tapped[r, 0, 1, :rows_seen] = (residual[shard] @ proj)[:rows_seen]
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
-    return reference.judge([1], tokens, *every, seen, tapped, 2e-2, [None], None, rows)[0]
+    return reference.judge_ids([1], tokens, *every, seen, tapped, 2e-2, [None], None, rows)[0]
 
 
 @pytest.mark.parametrize(("tokens", "rows"), [(1, 1), (3, 8), (5, 5), (6, 6)])
@@ -284,7 +284,7 @@ def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
     tapped = torch.full((world, 1, 2, tokens, checks.K), float("nan"))
     tapped[:, 0, 0, :4], tapped[:, 0, 1, :4] = hidden[4:] @ proj, residual[4:] @ proj
     every = (prints.expand(world, 1, tokens, checks.K), scales.expand(world, 1, tokens))
-    entry = reference.judge([1], tokens, *every, seen, tapped, 2e-2, [None], None, tokens)[0]
+    entry = reference.judge_ids([1], tokens, *every, seen, tapped, 2e-2, [None], None, tokens)[0]
     assert entry["status"] == "n/a" and "the layer saw 4 rows for 8 tokens" in entry["why"], entry
 
 

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vllm_hotfix import cli_output, exit_codes, own_engine
+from vllm_hotfix import cli_output, exit_codes, own_engine, precision
 from vllm_hotfix.audit import files as files_mod
-from vllm_hotfix.audit import precision
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.audit.results import Results
 from vllm_hotfix.audit.worker import MANIFEST_VAR

@@ -1,13 +1,13 @@
 """One file's stored states against the states recomputed for its tokens, per id and per token.
 
-Per token, the relative difference is ||stored - recomputed|| over the larger of the two rows'
-norms (a zero row against a real one reads 1, never infinity); an id is `ok` when its tokens are
-within the file's rule (precision.py: the tolerance of the coarser of the stored and the engine's
-precision, and the tokens a MoE model may have over it). A stored state that is not finite is
-`wrong`; a recomputed one that is not finite is the run's error, never `ok`. A `wrong` id gets
-the likely cause where the difference has a shape: zeros, a scaled state, another requested id's
-state (an alias), a neighbouring layer's state (an id off by one), or wrong on some tokens only
-(a padding row's overwrite touches one).
+Per token, the relative difference is precision.relative_difference (||stored - recomputed||
+over the larger of the two rows' norms: a zero row against a real one reads 1, never infinity); an
+id is `ok` when its tokens are within the file's rule (precision.py: the tolerance of the coarser
+of the stored and the engine's precision, and the tokens a MoE model may have over it). A stored
+state that is not finite is `wrong`; a recomputed one that is not finite is the run's error, never
+`ok`. A `wrong` id gets the likely cause where the difference has a shape: zeros, a scaled state,
+another requested id's state (an alias), a neighbouring layer's state (an id off by one), or wrong
+on some tokens only (a padding row's overwrite touches one).
 """
 
 from __future__ import annotations
@@ -15,16 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm_hotfix.audit import precision
-
-
-def relative(stored: Any, reference: Any) -> Any:
-    """Per token: ||stored - reference|| / max(||stored||, ||reference||), 0 where both are zero."""
-    import torch
-
-    scale = torch.maximum(stored.norm(dim=-1), reference.norm(dim=-1))
-    difference = (stored - reference).norm(dim=-1)
-    return torch.where(scale > 0, difference / scale.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+from vllm_hotfix import precision
+from vllm_hotfix.precision import relative_difference
 
 
 def stored_precision(stored: Any) -> str:
@@ -42,7 +34,7 @@ def stored_precision(stored: Any) -> str:
 
 
 def _within(stored: Any, reference: Any, tolerance: float) -> bool:
-    return bool((relative(stored, reference) <= tolerance).all())
+    return bool((relative_difference(stored, reference) <= tolerance).all())
 
 
 def likely_cause(
@@ -74,7 +66,7 @@ def likely_cause(
     return None
 
 
-def judge(
+def judge_file(
     stored: Any, ids: Sequence[int], references: Mapping[int, Any], rule: precision.Rule
 ) -> list[dict[str, Any]]:
     """One entry per id of the file: `stored` [tokens, ids, hidden] as read from the file (any
@@ -99,7 +91,7 @@ def judge(
                 | {"why": f"the recomputed reference is not finite on {said}: an error of the run"}
             )
             continue
-        rel = relative(mine, recomputed[layer_id])
+        rel = relative_difference(mine, recomputed[layer_id])
         not_finite = ~torch.isfinite(mine).all(dim=-1)
         over = (rel > rule.tolerance) | not_finite
         count = int(over.sum())

@@ -15,7 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.audit import compare, files, precision, results
+from vllm_hotfix import precision
+from vllm_hotfix.audit import compare, files, results
 
 MANIFEST_VAR = "VLLMHOTFIX_AUDIT_MANIFEST"  # set by `vllm-hotfix audit` for its engine's processes
 _MOE_LAYERS = ("RoutedExperts", "FusedMoE")  # vLLM's expert layer, by release
@@ -140,7 +141,7 @@ class Auditor:
             )
         except ValueError as error:
             return {"status": "n/a", "why": str(error)}
-        per_id = compare.judge(stored, self.ids, references, rule)
+        per_id = compare.judge_file(stored, self.ids, references, rule)
         result: dict[str, Any] = {"status": _status(per_id), "precision": rule.as_dict(), "per_id": per_id}
         errors = [e["why"] for e in per_id if e.get("error")]
         if errors:

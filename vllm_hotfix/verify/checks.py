@@ -10,13 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_hotfix.errors import one_line
+from vllm_hotfix.precision import CHECK_TOLERANCE_32BIT, check_tolerance, relative_difference
 from vllm_hotfix.verify import reference
-from vllm_hotfix.verify.reference import K, project, projection, rel_prints
-
-# Tolerances on the relative differences (rel_prints): a TP group's states agree to a few rounding
-# steps of their dtype where kernels reduce in another order (docs/verification.md has the figures).
-TOLERANCE_16BIT = 2e-2  # about five bfloat16 steps
-TOLERANCE_32BIT = 1e-4
+from vllm_hotfix.verify.reference import K, project, projection
 
 
 @dataclass
@@ -29,11 +25,11 @@ class StepCheck:
     finite_ok: bool = True
     ranks_rel_diff: float = 0.0  # the largest relative disagreement with the first rank, over ids and tokens
     ranks_worst_id: int | None = None
-    tolerance: float = TOLERANCE_32BIT
+    tolerance: float = CHECK_TOLERANCE_32BIT
     failed_ranks: list[int] = field(default_factory=list)  # ranks whose own checks failed
     errors: list[dict[str, Any]] = field(default_factory=list)  # {"rank", "stage", "message"}
     missing_note: str | None = None  # why the ranks' records cannot be combined (missing, mismatch)
-    per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge: SCHEMA "per_id"
+    per_id: list[dict[str, Any]] = field(default_factory=list)  # reference.judge_ids: SCHEMA "per_id"
     checked: int | None = None  # the tokens compared, the step's first ones (None: all `tokens`)
 
     @property
@@ -80,7 +76,8 @@ def fingerprints(
 ) -> tuple[Any, Any, Any]:
     """Each state projected on the K directions in float32 ([ids, tokens, K]; NaN where a state is
     missing or malformed; `reference.project`, a bounded float32 chunk at a time), each row's norm
-    in fingerprint units ([ids, tokens]: the `scale` of rel_prints), and whether every row is finite."""
+    in fingerprint units ([ids, tokens]: the `scale` of precision.relative_difference), and whether
+    every row is finite."""
     import torch
 
     prints = torch.full((wanted, tokens, K), float("nan"), device=proj.device)
@@ -110,7 +107,7 @@ def record(
     tokens = int(hidden_states.shape[0]) if isinstance(hidden_states, torch.Tensor) else 0
     checked = min(tokens, max(int(max_tokens), 1))
     found: dict[str, Any] = {"tokens": tokens, "checked": checked, "rows": None, "count_ok": False}
-    found.update(detail="not checked", tolerance=TOLERANCE_32BIT)
+    found.update(detail="not checked", tolerance=CHECK_TOLERANCE_32BIT)
     stage = "shapes"
     try:
         states = list(aux) if isinstance(aux, (list, tuple)) else []
@@ -119,8 +116,7 @@ def record(
             count_ok=count_ok, detail=detail, rows=int(states[0].shape[0]) if count_ok and states else None
         )
         first = states[0] if states and isinstance(states[0], torch.Tensor) else hidden_states
-        wide = first.dtype in (torch.float32, torch.float64)
-        found["tolerance"] = TOLERANCE_32BIT if wide else TOLERANCE_16BIT
+        found["tolerance"] = check_tolerance(first.dtype)
         stage = "projection"
         proj = projection(hidden_size, first.device)
         stage = "float32"
@@ -143,7 +139,7 @@ def judge_step(
     import torch
 
     mine = records[own_rank] or {}
-    limit = float(mine.get("tolerance", TOLERANCE_32BIT))
+    limit = float(mine.get("tolerance", CHECK_TOLERANCE_32BIT))
     step = StepCheck(
         int(mine.get("tokens", 0)), bool(mine.get("count_ok")), str(mine.get("detail", "not recorded"))
     )
@@ -164,7 +160,7 @@ def judge_step(
     try:
         for r in good[1:]:
             scale = torch.maximum(found[r]["scales"], found[good[0]]["scales"])
-            rel = rel_prints(found[r]["prints"], found[good[0]]["prints"], scale)
+            rel = relative_difference(found[r]["prints"], found[good[0]]["prints"], scale)
             rel = rel.nan_to_num(nan=0.0, posinf=float("inf"))  # [ids, tokens]; NaN where a state was missing
             if rel.numel():
                 value, index = rel.max(dim=1).values.max(dim=0)
@@ -179,7 +175,7 @@ def judge_step(
                 torch.stack([f[key] for f in found]) for key in ("prints", "scales", "tap_seen", "tap_prints")
             )
             checked, rows = step.checked or 0, mine.get("rows")
-            step.per_id = reference.judge(
+            step.per_id = reference.judge_ids(
                 ids, checked, prints, scales, seen, tapped, limit, notes, final_id, rows
             )
         return step

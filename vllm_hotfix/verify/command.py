@@ -175,7 +175,7 @@ class Run:
             except Exception as failed:  # e.g. no torch: the command's own failure
                 error = error or f"the reports could not be combined: {one_line(failed)}"
         world = plan.world if plan is not None else outcome_mod.World()
-        judged = outcome_mod.judge(reports, plan.run_id if plan else "", world, error, ignored)
+        judged = outcome_mod.verdict_of_run(reports, plan.run_id if plan else "", world, error, ignored)
         document = self.document(judged, timed_out)
         if plan is not None and self.own_dir is None:  # beside the records, in a directory kept
             with contextlib.suppress(OSError):

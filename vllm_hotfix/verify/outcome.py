@@ -245,7 +245,7 @@ def _problems_of(report: dict[str, Any]) -> list[str]:
     return found
 
 
-def judge(
+def verdict_of_run(
     reports: list[dict[str, Any]], run_id: str, world: World, error: str | None = None, ignored: int = 0
 ) -> Outcome:
     """The run's verdict and exit code, from every report found and vLLM's error, if any;

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vllm_hotfix.precision import relative_difference
+
 # Fingerprint: each token's state projected on K = 8 fixed random directions (N(0, 1/hidden)
 # entries): a real difference orthogonal to all of them is negligibly likely. Each row is compared
 # relative to its own norm in fingerprint units (`scale`, ||row|| * sqrt(K/hidden)): dividing by the
@@ -52,17 +54,6 @@ def project(rows: Any, matrix: Any, out: Any, norms: Any = None) -> Any:
     return finite
 
 
-def rel_prints(a: Any, b: Any, scale: Any) -> Any:
-    """Per row of fingerprints: |a - b| over the larger of `scale` (a state's true row norm in
-    fingerprint units, `fingerprints`) and |b| (the reference's fingerprint): 0 where a equals b,
-    never inf (a zero state against a non-zero reference gives 1); NaN (a missing state) stays NaN."""
-    import torch
-
-    difference = torch.linalg.vector_norm(a - b, dim=-1, dtype=torch.float64)  # no float32 overflow
-    scale = torch.maximum(scale.double(), torch.linalg.vector_norm(b, dim=-1, dtype=torch.float64))
-    return torch.where(difference == 0, torch.zeros_like(difference), difference / scale).float()
-
-
 def tap_prints(taps: Any, ids: Sequence[int], tokens: int) -> tuple[Any, Any]:
     """This rank's taps for its first `tokens` tokens: per id (calls since the last record, rows the
     tap saw) [ids, 2] and the fingerprints of the layer's hidden_states and residual [ids, 2,
@@ -97,7 +88,7 @@ def describe(layer_id: int, final_id: int | None, partial: bool, world: int) -> 
     )
 
 
-def judge(
+def judge_ids(
     ids: Sequence[int],
     tokens: int,
     prints: Any,
@@ -141,7 +132,7 @@ def judge(
         else:
             partial = not _spread(hidden, scales[0, i]) <= tolerance
             stream = (hidden.sum(dim=0, keepdim=True) if partial else hidden) + residual
-        rel = torch.stack([rel_prints(prints[r, i], stream[r], scales[r, i]) for r in range(world)])
+        rel = torch.stack([relative_difference(prints[r, i], stream[r], scales[r, i]) for r in range(world)])
         worst = float(rel.max())
         entry["reference"] = describe(layer_id, final_id, partial, world) + (
             f" (assembled from the {world} ranks' sequence-parallel shards of {chunk} rows)" if chunk else ""
@@ -176,7 +167,7 @@ def _shard_rows(seen: Any, residual: Any, scale: Any, rows: int | None, toleranc
 
 def _spread(prints: Any, scale: Any) -> float:
     """The largest relative difference of any rank's fingerprints ([world, ...]) from rank 0's."""
-    return max((float(rel_prints(p, prints[0], scale).max()) for p in prints[1:]), default=0.0)
+    return max((float(relative_difference(p, prints[0], scale).max()) for p in prints[1:]), default=0.0)
 
 
 def notes(taps: Any, ids: Sequence[int]) -> list[str | None]:

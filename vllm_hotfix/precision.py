@@ -1,5 +1,16 @@
-"""The audit's precision model: the one place that says how far a file's stored states may lie from
-the audit's recomputation and still be right.
+"""How exact aux states must be, in one place for the pre-flight check and the audit: the one
+relative-difference statistic both use, the check's tolerances, and the audit's precision model.
+
+The statistic, per token: ||a - b|| over the larger of the two rows' norms (0 where they are equal,
+1 for a zero row against a real one, never infinity). The check applies it to fingerprints (the
+rows projected on a few fixed directions, verify/reference.py), the audit to the states themselves.
+
+The check's tolerance: CHECK_TOLERANCE_16BIT for 16-bit states (about five bfloat16 rounding steps;
+a tensor-parallel group's states agree to a few rounding steps where kernels reduce in another
+order), CHECK_TOLERANCE_32BIT for float32 (docs/verification.md has the figures).
+
+The audit's precision model says how far a file's stored states may lie from the audit's
+recomputation and still be right.
 
 A file is judged at the coarser of its stored precision and the engine's: right data stored in
 bfloat16 and audited on a float32 engine is as exact as bfloat16 allows, never more. A right stored
@@ -8,7 +19,7 @@ tensor-parallel size, other prompts in the same forwards, other kernels), measur
 engine as SPREAD per engine precision, and the rounding of storage, at most the stored precision's
 unit roundoff relative to the row's norm (each element is within that of its value; the
 measurement's cast-alone figures confirm it). The tolerance on the per-token relative difference
-(compare.relative) at a judged precision is its unit roundoff plus HEADROOM times the spread of the
+(relative_difference) at a judged precision is its unit roundoff plus HEADROOM times the spread of the
 coarsest engine precision it covers, rounded up to two significant digits, and never below the
 pre-flight check's own tolerance for that precision (the check proves the reference to within it).
 
@@ -31,7 +42,28 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vllm_hotfix.verify.checks import TOLERANCE_16BIT, TOLERANCE_32BIT
+CHECK_TOLERANCE_16BIT = 2e-2  # about five bfloat16 steps
+CHECK_TOLERANCE_32BIT = 1e-4
+
+
+def check_tolerance(dtype: object) -> float:
+    """The pre-flight check's tolerance for states of `dtype`."""
+    wide = str(dtype).removeprefix("torch.") in ("float32", "float64", "float", "double")
+    return CHECK_TOLERANCE_32BIT if wide else CHECK_TOLERANCE_16BIT
+
+
+def relative_difference(a: Any, b: Any, scale: Any = None) -> Any:
+    """Per row (the last dimension): ||a - b|| over the larger of a's norm (or `scale`, a's norm
+    known otherwise: a fingerprint's state's true norm) and b's; 0 where a equals b, never infinity;
+    NaN (a missing or non-finite row) stays NaN. In float64: a float32 sum of squares overflows
+    from about 1e19 per entry."""
+    import torch
+
+    difference = torch.linalg.vector_norm(a - b, dim=-1, dtype=torch.float64)
+    own = torch.linalg.vector_norm(a, dim=-1, dtype=torch.float64) if scale is None else scale.double()
+    larger = torch.maximum(own, torch.linalg.vector_norm(b, dim=-1, dtype=torch.float64))
+    return torch.where(difference == 0, torch.zeros_like(difference), difference / larger).float()
+
 
 PRECISIONS = ("float32", "float16", "bfloat16", "float8_e4m3", "float8_e5m2")  # finest first
 _ALIASES = {
@@ -81,7 +113,7 @@ def _tolerance(judged: str) -> float:
     """Never below the pre-flight check's tolerance: the check proves the audit's reference to
     within it, and no finer."""
     spread = SPREAD["float32" if judged == "float32" else "bfloat16"]
-    floor = TOLERANCE_32BIT if judged == "float32" else TOLERANCE_16BIT
+    floor = CHECK_TOLERANCE_32BIT if judged == "float32" else CHECK_TOLERANCE_16BIT
     return max(floor, _round_up(UNIT_ROUNDOFF[judged] + HEADROOM * spread))
 
 
