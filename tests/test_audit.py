@@ -317,11 +317,13 @@ def test_forty_right_files_cast_to_bfloat16_are_ok_on_a_float32_engine(
         IDS,
         "--all",
         "--json",
+        "--list-every-file",
         "--",
         "--dtype",
         "float32",
     )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
+    assert found["counts"] == {"ok": 40, "wrong": 0, "n/a": 0}
     assert [f["status"] for f in found["files"]] == ["ok"] * 40
     assert {f["precision"]["judged_at"] for f in found["files"]} == {"bfloat16"}
