@@ -16,10 +16,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.child.cpu_kernels import cpu_model, simd
 
@@ -123,8 +124,9 @@ def median_ci(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles and the median's 95% interval of repeated measurements."""
-    q1, _, q3 = statistics.quantiles(values, n=4)
+    """Median, quartiles and the median's 95% interval of repeated measurements (one measurement,
+    as a smoke run of one round gives: its value for all of them)."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     low, high = median_ci(values)
     median = statistics.median(values)
     return {"n": len(values), "median": median, "q1": q1, "q3": q3, "ci_low": low, "ci_high": high}
@@ -228,6 +230,96 @@ class TinyEngine:
             [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
         )
         return done.stdout.strip()
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in `root`'s descendants (not `root` itself), summed, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    total = 0
+    for pid in tree - {root}:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def directory_bytes(root: Path) -> int:
+    """The summed sizes of the files under `root` (0 where it does not exist yet); files that
+    vanish while it walks (a writer's temporary file renamed) are skipped."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+Sampler = TypeVar("Sampler", bound="PeakSampler")
+
+
+class PeakSampler:
+    """The largest value of `measure()` while the block runs, sampled every `every` seconds (and
+    once at the end, so a block shorter than one period is measured too)."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.peak = 0
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def measure(self) -> int:
+        raise NotImplementedError
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self.measure())
+
+    def __enter__(self: Sampler) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.measure())
+
+
+class PeakRss(PeakSampler):
+    """The largest summed resident set of this process's descendants while the block runs."""
+
+    def measure(self) -> int:
+        return tree_rss(os.getpid())
+
+
+class PeakDisk(PeakSampler):
+    """The largest summed size of the files under `root` while the block runs (`end`: at its end)."""
+
+    def __init__(self, root: Path, every: float = 0.2) -> None:
+        super().__init__(every)
+        self.root, self.end = root, 0
+
+    def measure(self) -> int:
+        return directory_bytes(self.root)
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.end = directory_bytes(self.root)
 
 
 def rounds(argv: list[str] | None, description: str | None) -> int:
