@@ -196,7 +196,8 @@ class Recorder:
 class TinyEngine:
     """What a benchmark of a command on the real engine starts from: the test environment, a work
     directory, the hotfix installed as vLLM's plugin, the tiny checkpoint, and the environment of
-    each run (its own compile cache, a small KV cache)."""
+    each run (its own compile cache, a small KV cache). `positions`: the checkpoint's
+    max_position_embeddings (the longest prompt it takes, less one)."""
 
     testenv: Any
     work: Path
@@ -205,7 +206,7 @@ class TinyEngine:
     env: dict[str, str]
 
     @classmethod
-    def build(cls, prefix: str) -> TinyEngine:
+    def build(cls, prefix: str, positions: int = 512) -> TinyEngine:
         from harness.child.tiny_checkpoint import build
         from harness.testenv import TestEnv
         from harness.ways_in import install_plugin
@@ -213,7 +214,7 @@ class TinyEngine:
         testenv = TestEnv.locate()
         work = Path(tempfile.mkdtemp(prefix=prefix))
         plugin = install_plugin(testenv, work / "plugin")
-        build(str(work / "tiny"))
+        build(str(work / "tiny"), positions=positions)
         env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
         return cls(testenv, work, plugin, str(work / "tiny"), env)
 
