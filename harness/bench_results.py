@@ -36,6 +36,7 @@ BENCHMARKS = (
     "v32_tp_cost",
     "verify_cost",
     "audit_cost",
+    "audit_scale",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
@@ -71,6 +72,16 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/audit/files.py",
         "vllm_hotfix/audit/worker.py",
         "benchmarks/audit_cost.py",
+    ),
+    "audit_scale": (
+        "vllm_hotfix/own_engine.py",
+        "vllm_hotfix/audit/command.py",
+        "vllm_hotfix/audit/compare.py",
+        "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/worker.py",
+        "vllm_hotfix/verify/command.py",
+        "vllm_hotfix/verify/hook.py",
+        "benchmarks/audit_scale.py",
     ),
 }
 
