@@ -37,6 +37,7 @@ BENCHMARKS = (
     "verify_cost",
     "audit_cost",
     "audit_scale",
+    "audit_max_tokens",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
@@ -82,6 +83,13 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/command.py",
         "vllm_hotfix/verify/hook.py",
         "benchmarks/audit_scale.py",
+    ),
+    "audit_max_tokens": (
+        "vllm_hotfix/own_engine.py",
+        "vllm_hotfix/audit/command.py",
+        "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/worker.py",
+        "benchmarks/audit_max_tokens.py",
     ),
 }
 
