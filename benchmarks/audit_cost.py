@@ -20,18 +20,16 @@ DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, float32; the dataset ma
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import bench_results
-from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
+from harness.bench_results import PeakRss, Recorder, Row, TinyEngine, ratio_text, summary
 
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
 IDS = "1,2,4"
@@ -77,52 +75,6 @@ llm.llm_engine.engine_core.shutdown()
 print("baseline done", flush=True)
 os._exit(0)  # as the command ends: vLLM's engine processes may hold the interpreter's exit
 """
-
-
-def _tree_rss(root: int) -> int:
-    """Bytes resident in `root`'s descendants (not `root` itself), summed, from /proc."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-            parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError):
-            continue
-    tree, grew = {root}, True
-    while grew:
-        found = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= found
-        grew = bool(found)
-    total = 0
-    for pid in tree - {root}:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-class PeakRss:
-    """The largest summed resident set of this process's descendants while the block runs."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.2):
-            self.peak = max(self.peak, _tree_rss(os.getpid()))
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,10 +16,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.child.cpu_kernels import cpu_model, simd
 
@@ -35,6 +36,8 @@ BENCHMARKS = (
     "v32_tp_cost",
     "verify_cost",
     "audit_cost",
+    "audit_scale",
+    "audit_max_tokens",
 )
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
@@ -76,6 +79,23 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "vllm_hotfix/verify/records.py",
         "vllm_hotfix/precision.py",
         "benchmarks/audit_cost.py",
+    ),
+    "audit_scale": (
+        "vllm_hotfix/own_engine.py",
+        "vllm_hotfix/audit/command.py",
+        "vllm_hotfix/audit/compare.py",
+        "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/worker.py",
+        "vllm_hotfix/verify/command.py",
+        "vllm_hotfix/verify/hook.py",
+        "benchmarks/audit_scale.py",
+    ),
+    "audit_max_tokens": (
+        "vllm_hotfix/own_engine.py",
+        "vllm_hotfix/audit/command.py",
+        "vllm_hotfix/audit/files.py",
+        "vllm_hotfix/audit/worker.py",
+        "benchmarks/audit_max_tokens.py",
     ),
 }
 
@@ -129,8 +149,9 @@ def median_ci(values: Sequence[float], z: float = 1.96) -> tuple[float, float]:
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
-    """Median, quartiles and the median's 95% interval of repeated measurements."""
-    q1, _, q3 = statistics.quantiles(values, n=4)
+    """Median, quartiles and the median's 95% interval of repeated measurements (one measurement,
+    as a smoke run of one round gives: its value for all of them)."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
     low, high = median_ci(values)
     median = statistics.median(values)
     return {"n": len(values), "median": median, "q1": q1, "q3": q3, "ci_low": low, "ci_high": high}
@@ -200,7 +221,8 @@ class Recorder:
 class TinyEngine:
     """What a benchmark of a command on the real engine starts from: the test environment, a work
     directory, the hotfix installed as vLLM's plugin, the tiny checkpoint, and the environment of
-    each run (its own compile cache, a small KV cache)."""
+    each run (its own compile cache, a small KV cache). `positions`: the checkpoint's
+    max_position_embeddings (the longest prompt it takes, less one)."""
 
     testenv: Any
     work: Path
@@ -209,7 +231,7 @@ class TinyEngine:
     env: dict[str, str]
 
     @classmethod
-    def build(cls, prefix: str) -> TinyEngine:
+    def build(cls, prefix: str, positions: int = 512) -> TinyEngine:
         from harness.child.tiny_checkpoint import build
         from harness.testenv import TestEnv
         from harness.ways_in import install_plugin
@@ -217,7 +239,7 @@ class TinyEngine:
         testenv = TestEnv.locate()
         work = Path(tempfile.mkdtemp(prefix=prefix))
         plugin = install_plugin(testenv, work / "plugin")
-        build(str(work / "tiny"))
+        build(str(work / "tiny"), positions=positions)
         env = {"VLLM_CACHE_ROOT": str(work / "vllm-cache"), "VLLM_CPU_KVCACHE_SPACE": "1"}
         return cls(testenv, work, plugin, str(work / "tiny"), env)
 
@@ -234,6 +256,96 @@ class TinyEngine:
             [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
         )
         return done.stdout.strip()
+
+
+def tree_rss(root: int) -> int:
+    """Bytes resident in `root`'s descendants (not `root` itself), summed, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            parents[int(stat.parent.name)] = int(text[text.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    total = 0
+    for pid in tree - {root}:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def directory_bytes(root: Path) -> int:
+    """The summed sizes of the files under `root` (0 where it does not exist yet); files that
+    vanish while it walks (a writer's temporary file renamed) are skipped."""
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:
+                continue
+    return total
+
+
+Sampler = TypeVar("Sampler", bound="PeakSampler")
+
+
+class PeakSampler:
+    """The largest value of `measure()` while the block runs, sampled every `every` seconds (and
+    once at the end, so a block shorter than one period is measured too)."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.peak = 0
+        self.every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def measure(self) -> int:
+        raise NotImplementedError
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self.measure())
+
+    def __enter__(self: Sampler) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.measure())
+
+
+class PeakRss(PeakSampler):
+    """The largest summed resident set of this process's descendants while the block runs."""
+
+    def measure(self) -> int:
+        return tree_rss(os.getpid())
+
+
+class PeakDisk(PeakSampler):
+    """The largest summed size of the files under `root` while the block runs (`end`: at its end)."""
+
+    def __init__(self, root: Path, every: float = 0.2) -> None:
+        super().__init__(every)
+        self.root, self.end = root, 0
+
+    def measure(self) -> int:
+        return directory_bytes(self.root)
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.end = directory_bytes(self.root)
 
 
 def rounds(argv: list[str] | None, description: str | None) -> int:

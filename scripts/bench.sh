@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one benchmark with the test environment's Python: bash scripts/bench.sh NAME [ARGS...]
 # NAME is a file of benchmarks/ without .py: startup, patch_cost, forward_time, engine_throughput,
-# v32_tp_cost, verify_cost, audit_cost.
+# v32_tp_cost, verify_cost, audit_cost, audit_scale, audit_max_tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:?usage: bash scripts/bench.sh NAME [ARGS...]}"; shift

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import warnings
 from pathlib import Path
 
@@ -151,3 +152,22 @@ def test_table_replacement_keeps_the_rest_of_the_file() -> None:
     updated = with_table(readme, "new\n")
     assert updated == f"before\n{start}\nnew\n{end}\nafter\n"
     assert table_in(updated) == "new\n"
+
+
+def test_one_round_gives_a_summary_of_its_one_value() -> None:
+    # a smoke run (--rounds 1) prints and records its one ratio rather than failing on the quartiles
+    stats = bench_results.summary([0.5])
+    assert (stats["n"], stats["median"], stats["q1"], stats["q3"]) == (1, 0.5, 0.5, 0.5)
+    assert (stats["ci_low"], stats["ci_high"]) == (0.5, 0.5)
+
+
+def test_peak_disk_keeps_the_largest_size_seen_and_the_size_at_the_end(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    with bench_results.PeakDisk(reports, every=0.01) as disk:
+        (reports / "records").mkdir(parents=True)
+        (reports / "records" / "forward-0.bin").write_bytes(b"x" * 5000)
+        (reports / "verdict.json").write_bytes(b"y" * 100)
+        time.sleep(0.2)  # sampled while both files are there
+        (reports / "records" / "forward-0.bin").unlink()
+    assert (disk.peak, disk.end) == (5100, 100)
+    assert bench_results.directory_bytes(tmp_path / "nonesuch") == 0

@@ -17,6 +17,7 @@ the connector's. At TP > 1 the hook is pickled to the workers (VLLM_ALLOW_INSECU
 
 Run with the test environment's Python:
 python harness/child/aux_dataset.py --checkpoint DIR --ids 1,2,3,4 --out DIR [--prompts N] [--longest N]
+    [--shortest N]
     [--engine-kwargs JSON]   (LLM's arguments to add or replace, e.g. '{"max_model_len": 512}')
     [--connector DIR]
 """
@@ -39,6 +40,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--longest", type=int, default=40, help="prompts of 5 to this many tokens")
+    parser.add_argument(
+        "--shortest", type=int, default=5, help="prompts of at least this many tokens (all of it if =)"
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--eager", action="store_true", help="--enforce-eager (default: compiled)")
     parser.add_argument("--seed", type=int, default=0)
@@ -56,7 +60,7 @@ def main() -> None:
     ids = sorted(int(x) for x in args.ids.split(","))
     generator = random.Random(args.seed)
     prompts = [
-        [generator.randrange(1, 1000) for _ in range(generator.randrange(5, args.longest))]
+        [generator.randrange(1, 1000) for _ in range(length(generator, args.shortest, args.longest))]
         for _ in range(args.prompts)
     ]
     names = {tuple(p): f"sample-{i:03d}.safetensors" for i, p in enumerate(prompts)}
@@ -89,6 +93,12 @@ def main() -> None:
     if args.connector:
         result["connector"] = connector_files(llm, prompts, outputs, names)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def length(generator: random.Random, shortest: int, longest: int) -> int:
+    """A prompt's length: from `shortest` up to `longest` (exclusive), or exactly `longest` where the
+    two are equal; the default 5 draws what the dataset always drew, so its files stay the same."""
+    return longest if shortest >= longest else generator.randrange(shortest, longest)
 
 
 def install_hook(model: object, names: dict, out: str) -> int:

@@ -2,7 +2,8 @@
 
 Shapes from docs/cpu-test-environment.md: head size 64 (qk_nope 32 + qk_rope 32) is one the CPU
 attention supports; MoE settings need topk_method="noaux_tc" and scoring_func="sigmoid".
-Run with the test environment's Python: python harness/child/tiny_checkpoint.py OUT_DIR [--layers N]
+Run with the test environment's Python:
+python harness/child/tiny_checkpoint.py OUT_DIR [--layers N] [--positions N]
 """
 
 from __future__ import annotations
@@ -64,8 +65,18 @@ def _indexer_weights(config, generator) -> dict:
     return tensors
 
 
-def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v32: bool = False) -> str:
+def build(
+    out_dir: str,
+    layers: int = 4,
+    seed: int = 0,
+    gpu_mla: bool = False,
+    v32: bool = False,
+    positions: int = 512,
+) -> str:
     """Write config, random weights (safetensors) and a word-level tokenizer; return out_dir.
+
+    `positions`: max_position_embeddings, the longest sequence the engine accepts (vLLM's
+    max_model_len at most this); the weights do not depend on it.
 
     `v32`: a DeepSeek V3.2 checkpoint (architecture DeepseekV32ForCausalLM, model_type deepseek_v32,
     V32_SHAPES and V32_FIELDS, the indexer's weights), dense like the others."""
@@ -76,6 +87,8 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v
     recipe = {"layers": layers, "seed": seed, "vocab": VOCAB, "version": 3, "gpu_mla": gpu_mla}
     if v32:
         recipe["v32"] = True
+    if positions != 512:  # the default's recipe as before: checkpoints already built still match
+        recipe["positions"] = positions
     if os.path.exists(marker):
         with open(marker) as handle:
             if json.load(handle) == recipe:
@@ -105,7 +118,7 @@ def build(out_dir: str, layers: int = 4, seed: int = 0, gpu_mla: bool = False, v
         first_k_dense_replace=layers,
         topk_method="noaux_tc",
         scoring_func="sigmoid",
-        max_position_embeddings=512,
+        max_position_embeddings=positions,
         num_nextn_predict_layers=0,
         tie_word_embeddings=False,
         bos_token_id=1,
@@ -191,8 +204,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--gpu-mla", action="store_true", help="DeepSeek-V3's attention head shapes")
     parser.add_argument("--v32", action="store_true", help="a DeepSeek V3.2 (DSA) checkpoint")
+    parser.add_argument("--positions", type=int, default=512, help="max_position_embeddings")
     args = parser.parse_args()
-    print(build(args.out_dir, args.layers, gpu_mla=args.gpu_mla, v32=args.v32))
+    print(build(args.out_dir, args.layers, gpu_mla=args.gpu_mla, v32=args.v32, positions=args.positions))
 
 
 if __name__ == "__main__":

