@@ -2,7 +2,7 @@
 long files, side by side in one run.
 Run: VLLMHOTFIX_TEST_ENV=... $VLLMHOTFIX_TEST_ENV/venv/bin/python benchmarks/audit_max_tokens.py [--rounds N]
 
-24 files of 2,048 tokens each, made by vLLM 0.25.0 (harness/child/aux_dataset.py: ids 1,2,4) on a
+160 files of 2,048 tokens each, made by vLLM 0.25.0 (harness/child/aux_dataset.py: ids 1,2,4) on a
 tiny DeepSeek-V3 checkpoint built with 4,096 positions. Both sides are
 `python -m vllm_hotfix audit DATA MODEL --ids 1,2,4 --all --json --report-dir R -- FLAGS`, one with
 `--max-tokens 256` added (the first 256 tokens of each file recomputed and judged), the same flags
@@ -33,7 +33,7 @@ from harness.bench_results import Recorder, Row, TinyEngine, ratio_text, summary
 MODEL_LEN = 2100  # a 2,048-token file and its one generated token, with room to spare
 FLAGS = ["--max-model-len", str(MODEL_LEN), "--dtype", "float32"]
 IDS = "1,2,4"
-FILES, TOKENS, MAX_TOKENS = 24, 2048, 256
+FILES, TOKENS, MAX_TOKENS = 160, 2048, 256
 POSITIONS = 4096  # the checkpoint's max_position_embeddings: at least MODEL_LEN
 GOAL = 0.2  # max-tokens / all, after the engine is up: about MAX_TOKENS / TOKENS, plus fixed costs
 STARTED = re.compile(r"vLLM started in (\d+) s")
