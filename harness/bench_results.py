@@ -42,6 +42,20 @@ BENCHMARKS = (
 
 # The files whose code a benchmark measures (repository paths): each result records their digests;
 # a result whose files changed since is stale (marked in the table, a warning in the tests).
+# What one `vllm-hotfix audit` run executes of the package, engine side and command side.
+AUDIT_RUN = (
+    "vllm_hotfix/own_engine.py",
+    "vllm_hotfix/audit/command.py",
+    "vllm_hotfix/audit/compare.py",
+    "vllm_hotfix/audit/files.py",
+    "vllm_hotfix/audit/results.py",
+    "vllm_hotfix/audit/worker.py",
+    "vllm_hotfix/verify/command.py",
+    "vllm_hotfix/verify/hook.py",
+    "vllm_hotfix/verify/outcome.py",
+    "vllm_hotfix/verify/records.py",
+    "vllm_hotfix/precision.py",
+)
 SOURCES: dict[str, tuple[str, ...]] = {
     "startup": (
         "vllm_hotfix/__init__.py",
@@ -81,31 +95,11 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/audit_cost.py",
     ),
     "audit_scale": (
-        "vllm_hotfix/own_engine.py",
-        "vllm_hotfix/audit/command.py",
-        "vllm_hotfix/audit/compare.py",
-        "vllm_hotfix/audit/files.py",
-        "vllm_hotfix/audit/results.py",
-        "vllm_hotfix/audit/worker.py",
-        "vllm_hotfix/verify/command.py",
-        "vllm_hotfix/verify/hook.py",
-        "vllm_hotfix/verify/outcome.py",
-        "vllm_hotfix/verify/records.py",
-        "vllm_hotfix/precision.py",
+        *AUDIT_RUN,
         "benchmarks/audit_scale.py",
     ),
     "audit_max_tokens": (
-        "vllm_hotfix/own_engine.py",
-        "vllm_hotfix/audit/command.py",
-        "vllm_hotfix/audit/compare.py",
-        "vllm_hotfix/audit/files.py",
-        "vllm_hotfix/audit/results.py",
-        "vllm_hotfix/audit/worker.py",
-        "vllm_hotfix/verify/command.py",
-        "vllm_hotfix/verify/hook.py",
-        "vllm_hotfix/verify/outcome.py",
-        "vllm_hotfix/verify/records.py",
-        "vllm_hotfix/precision.py",
+        *AUDIT_RUN,
         "benchmarks/audit_max_tokens.py",
     ),
 }
