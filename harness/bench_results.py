@@ -40,8 +40,6 @@ BENCHMARKS = (
     "audit_max_tokens",
 )
 
-# The files whose code a benchmark measures (repository paths): each result records their digests;
-# a result whose files changed since is stale (marked in the table, a warning in the tests).
 # What one `vllm-hotfix audit` run executes of the package, engine side and command side.
 AUDIT_RUN = (
     "vllm_hotfix/own_engine.py",
@@ -56,6 +54,8 @@ AUDIT_RUN = (
     "vllm_hotfix/verify/records.py",
     "vllm_hotfix/precision.py",
 )
+# The files whose code a benchmark measures (repository paths): each result records their digests;
+# a result whose files changed since is stale (marked in the table, a warning in the tests).
 SOURCES: dict[str, tuple[str, ...]] = {
     "startup": (
         "vllm_hotfix/__init__.py",
@@ -83,15 +83,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
         "benchmarks/verify_cost.py",
     ),
     "audit_cost": (
-        "vllm_hotfix/own_engine.py",
-        "vllm_hotfix/audit/command.py",
-        "vllm_hotfix/audit/compare.py",
-        "vllm_hotfix/audit/files.py",
-        "vllm_hotfix/audit/results.py",
-        "vllm_hotfix/audit/worker.py",
-        "vllm_hotfix/verify/outcome.py",
-        "vllm_hotfix/verify/records.py",
-        "vllm_hotfix/precision.py",
+        *AUDIT_RUN,
         "benchmarks/audit_cost.py",
     ),
     "audit_scale": (
