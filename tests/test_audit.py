@@ -251,6 +251,7 @@ def test_right_data_stored_coarser_than_the_engine_is_ok_and_faults_in_it_are_ca
         IDS,
         "--all",
         "--json",
+        "--list-every-file",
         "--",
         "--dtype",
         "float32",
@@ -263,7 +264,7 @@ def test_right_data_stored_coarser_than_the_engine_is_ok_and_faults_in_it_are_ca
         "measured",
     )
     rows = {str(Path(f["file"]).relative_to(data)): f for f in found["files"]}
-    assert len(rows) == 20
+    assert len(rows) == 20 and found["counts"] == {"ok": 18, "wrong": 2, "n/a": 0}, found["counts"]
     for where, row in rows.items():
         if where.startswith("faults/"):
             continue
