@@ -496,7 +496,13 @@ def test_a_merge_refuses_shards_of_other_audits_and_says_a_missing_rank(
         paths.append(tmp_path / f"rank{rank}.json")
         paths[-1].write_text(json.dumps(document))
     code, out, _ = _main(["audit-merge", *map(str, paths), "--json"], capsys)
-    assert (code, json.loads(out)["verdict"]) == (0, "PASS")
+    merged = json.loads(out)
+    assert (code, merged["verdict"], merged["counts"]) == (0, "PASS", {"ok": 12, "wrong": 0, "n/a": 0})
+    assert [(e["id"], e["ok"], e["wrong"]) for e in merged["per_id"]] == [(i, 12, 0) for i in IDS]
+    older = json.loads(paths[1].read_text()) | {"schema": 2}  # a shard of an earlier vllm-hotfix
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    code, _, err = _main(["audit-merge", str(paths[0]), str(tmp_path / "older.json")], capsys)
+    assert code == 4 and "schema 2, not 3: made by another version" in err, err
     code, out, _ = _main(["audit-merge", str(paths[0])], capsys)
     assert code == 2 and "ranks [1] of 2 missing" in out
     code, _, err = _main(["audit-merge", str(paths[0]), str(paths[0])], capsys)
