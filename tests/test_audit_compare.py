@@ -180,7 +180,6 @@ def test_the_auditor_matches_a_forwards_prompts_to_files_and_judges_each(tmp_pat
 def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
     """The audit's judgement of files whose engine-side results say `statuses` (no engine)."""
     import argparse
-    import io
 
     from vllm_hotfix.audit.command import Audit, Chosen
 
@@ -197,7 +196,7 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
             json.dumps({"file": str(path), "status": status, "per_id": per_id})
         )
     namespace = argparse.Namespace(model="m", json=True, engine_args=[], list_every_file=True)
-    audit = Audit(namespace, io.StringIO(), chosen)
+    audit = Audit(namespace, chosen)
     audit.out = str(out)
     return audit
 
@@ -220,7 +219,9 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
     judged = Outcome(check, {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[check], "why", [], 0)
     audit.collect()
     counts, rows, _ = audit.judgement(judged)
-    assert audit.verdict(judged, counts, rows)[:2] == (verdict, code) and audit.exit_code(judged) == code
+    assert (
+        audit.verdict(judged, counts, rows)[:2] == (verdict, code) and audit.exit_code(None, judged) == code
+    )
     if check != "PASS":
         assert all(r["status"] == "n/a" and "unproven" in r["why"] for r in rows)
         assert [r["measured"] for r in rows] == statuses

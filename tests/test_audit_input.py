@@ -19,6 +19,7 @@ import pytest
 from vllm_hotfix import cli, precision
 from vllm_hotfix.audit import bound, compare, files, merge, verdict
 from vllm_hotfix.audit import command as audit_command
+from vllm_hotfix.verify import command as verify_command
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -251,16 +252,16 @@ def test_each_file_that_cannot_be_audited_is_named_before_the_engine(tmp_path: P
     assert (chosen.total, chosen.links) == (8, 1)  # the link to ok-0 counted once
 
 
-def _audit(chosen: audit_command.Chosen, tmp_path: Path, **more: Any) -> audit_command.Audit:
-    """The audit of `chosen` as its engine's run would be, before the engine (no vLLM)."""
-    from vllm_hotfix.verify.command import Plan
-
-    audit = audit_command.Audit(
-        argparse.Namespace(model="m", json=True, engine_args=[], **more), io.StringIO(), chosen
-    )
-    audit.plan = Plan("run", str(tmp_path / "reports"), [], [])
-    audit.before_vllm(audit.plan)
-    return audit
+def _audit(
+    chosen: audit_command.Chosen, tmp_path: Path, **more: Any
+) -> tuple[audit_command.Audit, verify_command.Run]:
+    """The audit of `chosen` and its engine's run as they are before the engine (no vLLM)."""
+    namespace = argparse.Namespace(model="m", json=True, engine_args=[], **more)
+    audit = audit_command.Audit(namespace, chosen)
+    run = verify_command.Run(namespace, io.StringIO(), audit)
+    run.plan = verify_command.Plan("run", str(tmp_path / "reports"), [], [])
+    audit.before_vllm(run)
+    return audit, run
 
 
 def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
@@ -276,7 +277,7 @@ def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
     monkeypatch.setattr(files, "token_ids", lambda found: reads.append(found.path.name) or token_ids(found))
     chosen = audit_command.choose(args(data, model, "--all", "--max-tokens", "7"))
     assert reads == []
-    audit = _audit(chosen, tmp_path)
+    audit, _ = _audit(chosen, tmp_path)
     prompts, entries = audit._prompts(list(range(len(chosen.audited))), vocab=1000)
     assert sorted(reads) == sorted(f.path.name for f in chosen.audited)  # once each
     kept = [f for f in chosen.audited if f.path.name != "beyond.safetensors"]
@@ -442,9 +443,9 @@ def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: st
             json.dumps({"file": str(found.path), "status": status, "per_id": per_id})
         )
     namespace = argparse.Namespace(model=str(model), json=True, engine_args=[])
-    audit = audit_command.Audit(namespace, io.StringIO(), chosen)
+    audit = audit_command.Audit(namespace, chosen)
     audit.out = str(out)
-    return audit.document(Outcome("PASS", 0, "checked", [], 0), False)
+    return audit.document(None, Outcome("PASS", 0, "checked", [], 0), False)
 
 
 def _data(tmp_path: Path, count: int = 40) -> dict[str, str]:
@@ -523,7 +524,7 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
     tmp_path: Path, model: Path
 ) -> None:
     chosen = audit_command.choose(args(dataset(tmp_path), model, "--all"))
-    audit = _audit(chosen, tmp_path)
+    audit, run = _audit(chosen, tmp_path)
     broken = chosen.audited[1].path
     broken.write_bytes(b"")  # after its header was read
 
@@ -534,9 +535,9 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
         def generate(self, prompts: list[Any], params: Any, use_tqdm: bool) -> None:
             self.prompts += prompts
 
-    audit.llm = Engine()
-    audit.workload(1000, 256, lambda **kw: kw)
-    assert len(audit.llm.prompts) == len(chosen.audited) - 1
+    run.llm = engine = Engine()
+    audit.workload(run, 1000, 256, lambda **kw: kw)
+    assert len(engine.prompts) == len(chosen.audited) - 1
     rows = {r["file"]: r for r in audit.judgement(None)[1]}
     assert rows[str(broken)]["status"] == "n/a" and rows[str(broken)]["why"].startswith(
         "unreadable token ids"

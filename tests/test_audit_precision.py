@@ -11,7 +11,6 @@ replaces the rule and the result says which applied.
 from __future__ import annotations
 
 import argparse
-import io
 import itertools
 import json
 from pathlib import Path
@@ -207,16 +206,14 @@ def test_a_non_finite_reference_makes_the_run_an_error(tmp_path: Path) -> None:
     found = _auditor_run(tmp_path, stored, references, None)
     assert found["status"] == "n/a" and found["error"] is True and "an error of the run" in found["why"]
     chosen = Chosen(tmp_path, IDS, audited=[files.read_header(tmp_path / "file.safetensors")])
-    audit = Audit(
-        argparse.Namespace(model="m", json=True, engine_args=[], tolerance=None), io.StringIO(), chosen
-    )
+    audit = Audit(argparse.Namespace(model="m", json=True, engine_args=[], tolerance=None), chosen)
     audit.out = str(tmp_path / "out")
     judged = Outcome("PASS", 0, "all checked", [], 0)
     audit.collect()
     counts, rows, _ = audit.judgement(judged)
     verdict, code, reason = audit.verdict(judged, counts, rows)
     assert (verdict, code) == ("UNKNOWN", 3) and "not finite" in reason
-    assert audit.document(judged, False)["precision"]["source"] == "measured"
+    assert audit.document(None, judged, False)["precision"]["source"] == "measured"
 
 
 def test_float32_files_of_coarser_values_are_judged_at_the_values_precision() -> None:
@@ -275,10 +272,8 @@ def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
     row = {"file": str(path), "status": "ok", "precision": moe.as_dict(), "per_id": per_id}
     (tmp_path / "out" / "0.json").write_text(json.dumps(row))
     chosen = Chosen(tmp_path, IDS, audited=[files.read_header(path)])
-    audit = Audit(
-        argparse.Namespace(model="m", json=False, engine_args=[], tolerance=None), io.StringIO(), chosen
-    )
+    audit = Audit(argparse.Namespace(model="m", json=False, engine_args=[], tolerance=None), chosen)
     audit.out = str(tmp_path / "out")
-    text = audit.text(Outcome("PASS", 0, "all checked", [], 0))
+    text = audit.text(None, Outcome("PASS", 0, "all checked", [], 0))
     said = "note: id 4: 1 ok files have tokens over the tolerance (at most 2 of 200), within what a MoE"
     assert said in text, text

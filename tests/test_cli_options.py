@@ -99,7 +99,7 @@ def test_model_among_the_engine_arguments_is_a_usage_error_before_vllm(
     monkeypatch.setattr(Parser, "json_requested", False)
     args = cli.parse(["verify", "M", "--report-dir", str(tmp_path), "--", "--model", "X"])
     with pytest.raises(SystemExit) as stop:
-        command.run_with(command.Run(args, sys.stdout))
+        command.run_with(command.Run(args, sys.stdout, command.Check()))
     assert stop.value.code == 4
     assert "--model in the engine arguments: give the model as MODEL (positional)" in capsys.readouterr().err
 

@@ -428,7 +428,7 @@ def _end_early(monkeypatch: pytest.MonkeyPatch, argv: list[str], stop: BaseExcep
     monkeypatch.setattr(command.os, "_exit", exit_)
     monkeypatch.setattr(own_engine, "stop", lambda llm, forced: None)
     out = io.StringIO()
-    runner = command.Run(cli.parse(["verify", "M", *argv]), out)
+    runner = command.Run(cli.parse(["verify", "M", *argv]), out, command.Check())
     with pytest.raises(_Ended) as ended:
         command.run_with(runner)
     assert runner.plan is not None
@@ -475,7 +475,9 @@ def test_an_unwritable_report_directory_is_refused_before_vllm(
     blocked.write_text("x")
     monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     monkeypatch.setattr(Parser, "json_requested", False)  # put back after cli.parse sets it
-    runner = command.Run(cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None)
+    runner = command.Run(
+        cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None, command.Check()
+    )
     with pytest.raises(SystemExit) as stop:
         command.run_with(runner)  # type: ignore[arg-type]
     found = json.loads(capsys.readouterr().out)

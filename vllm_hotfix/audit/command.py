@@ -201,16 +201,17 @@ def batches(found: Sequence[T], tokens: Callable[[T], int], checked: int) -> Ite
         yield batch
 
 
-class Audit(verify_command.Run):
-    """The check's run, with the files' tokens as its workload and their judgement as its output.
-    Each generate call's results and the check's records are taken once the call returns (and
-    removed), so neither memory nor the report directory grows with the number of files."""
+class Audit:
+    """The audit's job on the check's run (verify_command.Job): the files' tokens as its workload,
+    their judgement as its output. Each generate call's results and the check's records are taken
+    once the call returns (and removed), so neither memory nor the report directory grows with the
+    number of files."""
 
-    COMMAND = "audit"
-    REMOVE_RECORDS = True  # each forward's record, once judged: the audit's forwards are many
+    command = "audit"
+    remove_records = True
 
-    def __init__(self, args: argparse.Namespace, stdout: Any, chosen: Chosen) -> None:
-        super().__init__(args, stdout)
+    def __init__(self, args: argparse.Namespace, chosen: Chosen) -> None:
+        self.args = args
         self.chosen = chosen
         self.out = ""
         self.max_len: int | None = None
@@ -218,21 +219,23 @@ class Audit(verify_command.Run):
         self.manifest = ""
         self._document: tuple[outcome_mod.Outcome | None, dict[str, Any]] | None = None
 
-    def before_vllm(self, plan: verify_command.Plan) -> None:
+    def before_vllm(self, run: verify_command.Run) -> None:
+        plan = run.plan
+        assert plan is not None
         self.out = os.path.join(plan.report_dir, plan.run_id, "audit")
         os.makedirs(self.out, exist_ok=True)
         self.manifest = os.path.join(plan.report_dir, plan.run_id, "audit-manifest.json")
 
-    def adjust_engine(self, engine: Any, config: Any) -> None:
-        assert self.plan is not None
-        if self.plan.ids is None:
+    def adjust_engine(self, run: verify_command.Run, engine: Any, config: Any) -> None:
+        assert run.plan is not None
+        if run.plan.ids is None:
             raise own_engine.CommandError(
                 "the audit runs extract_hidden_states with --ids itself: leave --speculative-config out"
             )
         self._fit_hidden_size(int(getattr(config.hf_text_config, "hidden_size", 0) or 0) or None)
         layers = int(config.hf_text_config.num_hidden_layers)
         computed = engine_ids(self.chosen.ids, layers)
-        self.plan.ids = computed
+        run.plan.ids = computed
         engine.speculative_config["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] = (
             computed
         )
@@ -276,7 +279,7 @@ class Audit(verify_command.Run):
         judged = self.chosen.judged_tokens(found)
         return row | {"tokens": found.tokens, "judged_tokens": judged, "dtype": found.dtype}
 
-    def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
+    def workload(self, run: verify_command.Run, vocab: int, max_len: int, sampling: Any) -> None:
         self.max_len = max_len
         prefill = sampling(max_tokens=1, temperature=0.0)
         chosen, runnable = self.chosen, []
@@ -287,17 +290,20 @@ class Audit(verify_command.Run):
                 why = f"{chosen.judged_tokens(found)} tokens: longer than the engine's max_model_len"
                 why += f" {max_len}"
                 self.results.add(self.row(index) | {"why": why}, index)
+
+        def judged(index: int) -> int:
+            return chosen.judged_tokens(chosen.audited[index])
+
         done = 0
-        sizes = lambda index: chosen.judged_tokens(chosen.audited[index])  # noqa: E731
-        for batch in batches(runnable, sizes, verify_settings.read().tokens):
-            self.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
+        for batch in batches(runnable, judged, verify_settings.read().tokens):
+            run.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
             prompts, entries = self._prompts(batch, vocab)
             self._write_manifest(entries)
             if prompts:
-                self.llm.generate(prompts, prefill, use_tqdm=False)
+                run.llm.generate(prompts, prefill, use_tqdm=False)
             for entry in entries:
                 self.results.take(self.out, entry["index"], self.row(entry["index"]))
-            self.records().consume()  # the forwards of this call, every rank's record in
+            run.records().consume()  # the forwards of this call, every rank's record in
             done += len(batch)
             if sys.stderr.isatty() and not self.args.json:
                 print(f"\rvllm-hotfix audit: {done} of {len(runnable)} files", end="", file=sys.stderr)
@@ -383,17 +389,20 @@ class Audit(verify_command.Run):
     def verdict(
         self, judged: outcome_mod.Outcome | None, counts: dict[str, int], rows: list[dict[str, Any]]
     ) -> tuple[str, int, str]:
+        """(verdict, exit code, reason) of the counts, the rows named and the check's verdict."""
         if judged is None:
             return verdict_mod.verdict(counts, rows, None)
         error = judged.reason if judged.exit_code == exit_codes.ERROR else None
         return verdict_mod.verdict(counts, rows, judged.verdict, error)
 
-    def document(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
+    def document(
+        self, run: verify_command.Run | None, judged: outcome_mod.Outcome | None, timed_out: bool
+    ) -> dict[str, Any]:
         """The document, built once per judgement; a failure to build it is exit 3 with a
-        document still (never a traceback, never exit 1)."""
+        document still (never a traceback, never exit 1). No run: no engine was needed."""
         if self._document is None or self._document[0] is not judged:
             try:
-                built = self._build(judged, timed_out)
+                built = self._build(run, judged, timed_out)
             except Exception as error:
                 if getattr(self.args, "debug", False):
                     traceback.print_exc()
@@ -401,15 +410,18 @@ class Audit(verify_command.Run):
             self._document = (judged, built)
         return self._document[1]
 
-    def _build(self, judged: outcome_mod.Outcome | None, timed_out: bool) -> dict[str, Any]:
+    def _build(
+        self, run: verify_command.Run | None, judged: outcome_mod.Outcome | None, timed_out: bool
+    ) -> dict[str, Any]:
         self.collect()
         counts, rows, notes = self.judgement(judged)
         verdict, code, reason = self.verdict(judged, counts, rows)
         chosen = self.chosen
         in_sample = sum(counts.values())
         shard_sample = None if chosen.sample is None or chosen.sample >= chosen.total else in_sample
+        per_id = self.results.per_id_summary()
         said = [note for note in (chosen.ids_note, self._coverage_note()) if note]
-        notes = said + notes + self._moe_notes()
+        notes = said + notes + moe_notes(per_id)
         return cli_output.document(
             "audit",
             code,
@@ -425,9 +437,11 @@ class Audit(verify_command.Run):
             files_in_data=chosen.total,
             selection=chosen.selection(),
             estimate=verdict_mod.estimate(counts, chosen.in_shard, shard_sample, chosen.seed),
-            check=None if judged is None else verify_command.Run.document(self, judged, timed_out),
+            check=None
+            if run is None or judged is None
+            else verify_command.check_document(run, judged, timed_out),
             counts=counts,
-            per_id=self.results.per_id_summary(),
+            per_id=per_id,
             files_listed="every file" if self.results.list_every_file else "wrong and n/a",
             files=rows,
         )
@@ -444,25 +458,26 @@ class Audit(verify_command.Run):
             " (--list-every-file lists the ok ones too)"
         )
 
-    def _moe_notes(self) -> list[str]:
-        """Per id, the ok files with tokens over the tolerance, within a MoE model's allowance."""
-        return [
-            f"id {e['id']}: {e['files_with_tokens_over']} ok files have tokens over the tolerance (at"
-            f" most {e['most_tokens_over']['tokens']} of {e['most_tokens_over']['of']}), within what a"
-            " MoE model's routing may move (precision.py)"
-            for e in self.results.per_id_summary()
-            if e["files_with_tokens_over"]
-        ]
-
-    def text(self, judged: outcome_mod.Outcome | None) -> str:
-        document = self.document(judged, False)
+    def text(self, run: verify_command.Run | None, judged: outcome_mod.Outcome | None) -> str:
+        document = self.document(run, judged, False)
         lines = [] if judged is None else [f"pre-flight check: {judged.verdict} ({judged.reason})"]
         lines += text_lines(document)
         return "\n".join(lines)
 
-    def exit_code(self, judged: outcome_mod.Outcome | None) -> int:
-        code: int = self.document(judged, False)["exit_code"]
+    def exit_code(self, run: verify_command.Run | None, judged: outcome_mod.Outcome | None) -> int:
+        code: int = self.document(run, judged, False)["exit_code"]
         return code
+
+
+def moe_notes(per_id: list[dict[str, Any]]) -> list[str]:
+    """Per id, the ok files with tokens over the tolerance, within a MoE model's allowance."""
+    return [
+        f"id {e['id']}: {e['files_with_tokens_over']} ok files have tokens over the tolerance (at"
+        f" most {e['most_tokens_over']['tokens']} of {e['most_tokens_over']['of']}), within what a"
+        " MoE model's routing may move (precision.py)"
+        for e in per_id
+        if e["files_with_tokens_over"]
+    ]
 
 
 def text_lines(document: dict[str, Any]) -> list[str]:
@@ -512,9 +527,9 @@ def _count(what: str, least: int) -> Any:
 
 def _without_engine(args: argparse.Namespace, chosen: Chosen) -> int:
     """Every chosen file is wrong as it stands, n/a, or none is in this shard: no engine needed."""
-    audit = Audit(args, sys.stdout, chosen)
-    document = audit.document(None, False)
-    print(json.dumps(document, indent=2) if args.json else audit.text(None), flush=True)
+    audit = Audit(args, chosen)
+    document = audit.document(None, None, False)
+    print(json.dumps(document, indent=2) if args.json else audit.text(None, None), flush=True)
     code: int = document["exit_code"]
     return code
 
@@ -551,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
         return _without_engine(args, chosen)
     args.engine_args = list(args.engine_args)
     args.ids = chosen.ids  # the check's run works in vLLM's order too; the audit's note says it
-    return verify_command.run_with(Audit(args, own_engine.keep_stdout(), chosen))
+    return verify_command.run_with(verify_command.Run(args, own_engine.keep_stdout(), Audit(args, chosen)))
 
 
 def add_parser(commands: Any) -> None:

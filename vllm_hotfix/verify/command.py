@@ -19,7 +19,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from vllm_hotfix import cli_output, exit_codes, own_engine
 from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order, numbers
@@ -140,15 +140,65 @@ class Plan:
         return [DUMMY_CAVEAT] if self.load_format == "dummy" else []
 
 
+class Job(Protocol):
+    """What a command runs on the check's engine: verify's bounded workload (Check) or the audit's
+    files (audit/command.py). Run owns the engine, the watchdog and the one end, and calls these."""
+
+    command: str  # the command a usage error names
+    remove_records: bool  # each record once judged: verify keeps them, the audit's forwards are many
+
+    def before_vllm(self, run: Run) -> None:
+        """Set what the engine's processes must inherit (vLLM is not imported yet)."""
+
+    def adjust_engine(self, run: Run, engine: Any, config: Any) -> None:
+        """Change vLLM's EngineArgs (read from the user's flags) before the engine is built."""
+
+    def workload(self, run: Run, vocab: int, max_len: int, sampling: Any) -> None:
+        """The prompts the engine runs; every forward of them is checked."""
+
+    def document(self, run: Run, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
+        """The --json document (also kept as the run's verdict.json)."""
+
+    def text(self, run: Run, judged: outcome_mod.Outcome) -> str:
+        """The output without --json."""
+
+    def exit_code(self, run: Run, judged: outcome_mod.Outcome) -> int:
+        """The command's exit code."""
+
+
+class Check:
+    """verify's job: the bounded workload of run_workload, judged by the check alone."""
+
+    command = "verify"
+    remove_records = False
+
+    def before_vllm(self, run: Run) -> None:
+        return None
+
+    def adjust_engine(self, run: Run, engine: Any, config: Any) -> None:
+        return None
+
+    def workload(self, run: Run, vocab: int, max_len: int, sampling: Any) -> None:
+        assert run.plan is not None
+        run_workload(run.llm, run.plan, vocab, sampling, run)
+
+    def document(self, run: Run, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
+        return check_document(run, judged, timed_out)
+
+    def text(self, run: Run, judged: outcome_mod.Outcome) -> str:
+        return check_text(run, judged)
+
+    def exit_code(self, run: Run, judged: outcome_mod.Outcome) -> int:
+        return judged.exit_code
+
+
 class Run:
-    """One run: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
+    """One run of a job: the plan, the engine, the watchdog, and the one place that ends it (finish)."""
 
-    COMMAND = "verify"  # the command a usage error names
-    REMOVE_RECORDS = False  # verify keeps its records in the report directory
-
-    def __init__(self, args: argparse.Namespace, stdout: TextIO) -> None:
+    def __init__(self, args: argparse.Namespace, stdout: TextIO, job: Job) -> None:
         self.args = args
         self.stdout = stdout
+        self.job = job
         self.llm: Any = None
         self.engine: Any = None  # vLLM's EngineArgs, once parsed
         self.plan: Plan | None = None
@@ -176,96 +226,32 @@ class Run:
                 error = error or f"the reports could not be combined: {one_line(failed)}"
         world = plan.world if plan is not None else outcome_mod.World()
         judged = outcome_mod.verdict_of_run(reports, plan.run_id if plan else "", world, error, ignored)
-        document = self.document(judged, timed_out)
+        document = self.job.document(self, judged, timed_out)
         if plan is not None and self.own_dir is None:  # beside the records, in a directory kept
             with contextlib.suppress(OSError):
                 (run_dir := Path(plan.report_dir, plan.run_id)).mkdir(parents=True, exist_ok=True)
                 (run_dir / VERDICT_FILE).write_text(json.dumps(document, indent=2), encoding="utf-8")
         with contextlib.suppress(Exception):
-            print(json.dumps(document, indent=2) if self.args.json else self.text(judged), file=self.stdout)
+            said = json.dumps(document, indent=2) if self.args.json else self.job.text(self, judged)
+            print(said, file=self.stdout)
             self.stdout.flush()
             sys.stderr.flush()
-        code = self.exit_code(judged)
+        code = self.job.exit_code(self, judged)
         if self.own_dir is not None:  # never a directory the user gave: only the one made here
             shutil.rmtree(self.own_dir, ignore_errors=True)
         os._exit(code)  # vLLM's engine processes may hold the interpreter's exit
 
     def records(self) -> records_mod.RunRecords:
-        """The run's records, judged as they arrive (REMOVE_RECORDS: removed once judged)."""
+        """The run's records, judged as they arrive (removed once judged where the job says so)."""
         assert self.plan is not None
         if self._records is None:
             plan = self.plan
-            self._records = records_mod.RunRecords(plan.report_dir, plan.run_id, self.REMOVE_RECORDS)
+            self._records = records_mod.RunRecords(plan.report_dir, plan.run_id, self.job.remove_records)
         return self._records
 
     def expire(self) -> None:
         limit = self.args.timeout
         self.finish(f"--timeout {limit:g} s expired while {self.phase}; the engine was shut down", True)
-
-    # -- output --------------------------------------------------------------------------------
-    def text(self, judged: outcome_mod.Outcome) -> str:
-        lines = [format_reports(judged.reports)]
-        plan = self.plan
-        if judged.ignored and plan is not None:
-            lines.append(f"ignored {judged.ignored} report(s) of other runs in {plan.report_dir}")
-        if plan is not None:
-            lines += [f"note: {note}" for note in plan.notes]
-            lines += [f"caveat: {caveat}" for caveat in plan.caveats]
-        lines += [f"torch: {why}" for why in inductor_order.reported(judged.reports)]
-        lines += [f"problem: {problem}" for problem in judged.problems if problem != judged.reason]
-        if judged.error and judged.verdict == outcome_mod.FAIL:
-            lines.append(f"vLLM stopped with an error: {judged.error}")
-        elif not judged.error and not judged.reports and not judged.ignored:
-            lines.append(
-                "no record came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
-            )
-        lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
-        return "\n".join(lines)
-
-    def document(self, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
-        plan = self.plan
-        workload = plan and {
-            "prompt_lengths": plan.lengths,
-            "skipped_lengths": plan.skipped_lengths,
-            "batch_sizes": plan.batches,
-            "decode_tokens": DECODE,
-        }
-        return cli_output.document(
-            "verify",
-            judged.exit_code,
-            judged.reason,
-            verdict=judged.verdict,
-            problems=judged.problems,
-            error=judged.error,
-            timed_out=timed_out,
-            model=self.args.model,
-            engine_args=list(self.args.engine_args),
-            **{key: getattr(plan, key, None) for key in PLAN_KEYS},
-            world=plan and plan.world.as_dict(),
-            workload=workload,
-            caveats=plan.caveats if plan else [],
-            notes=plan.notes if plan else [],
-            ignored_reports=judged.ignored,
-            per_id=outcome_mod.per_id(judged.reports),
-            coverage=outcome_mod.coverage(judged.reports),
-            ranks=judged.reports,
-            seconds=round(time.monotonic() - self.started, 1),
-        )
-
-    # -- what a command built on this run changes (the audit) --------------------------------------
-    def before_vllm(self, plan: Plan) -> None:
-        """Set what the engine's processes must inherit (vLLM is not imported yet)."""
-
-    def adjust_engine(self, engine: Any, config: Any) -> None:
-        """Change vLLM's EngineArgs (read from the user's flags) before the engine is built."""
-
-    def workload(self, vocab: int, max_len: int, sampling: Any) -> None:
-        """The prompts the engine runs; every forward of them is checked."""
-        assert self.plan is not None
-        run_workload(self.llm, self.plan, vocab, sampling, self)
-
-    def exit_code(self, judged: outcome_mod.Outcome) -> int:
-        return judged.exit_code
 
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
@@ -288,7 +274,7 @@ class Run:
         os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
         os.environ[verify_settings.REPORT_VAR] = report_dir
         os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
-        self.before_vllm(plan)
+        self.job.before_vllm(self)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
         namespace = own_engine.parse_engine_args(args.model, given)
@@ -322,7 +308,7 @@ class Run:
                 "num_speculative_tokens": 1,
                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
             }
-        self.adjust_engine(engine, config)
+        self.job.adjust_engine(self, engine, config)
         no_cuda_graphs(engine)
         self.phase = "resolving the model class"
         plan.model_class = model_class(config)
@@ -366,7 +352,7 @@ class Run:
                 )
             plan.lengths = [n for n in plan.lengths if n + DECODE <= max_len]
             _say(f"vLLM started in {time.monotonic() - self.started:.0f} s")
-            self.workload(vocab, max_len, SamplingParams)
+            self.job.workload(self, vocab, max_len, SamplingParams)
         except CommandError:
             raise
         except Exception as error:  # vLLM's own error: exit 3, with whatever the check saw
@@ -375,6 +361,59 @@ class Run:
             self.finish(f"vLLM failed while {self.phase}: {one_line(error)}")
         self.phase = "reading the reports"
         self.finish()
+
+
+def check_text(run: Run, judged: outcome_mod.Outcome) -> str:
+    """The check's verdict as text: the ranks, the run's notes and caveats, the verdict line."""
+    lines = [format_reports(judged.reports)]
+    plan = run.plan
+    if judged.ignored and plan is not None:
+        lines.append(f"ignored {judged.ignored} report(s) of other runs in {plan.report_dir}")
+    if plan is not None:
+        lines += [f"note: {note}" for note in plan.notes]
+        lines += [f"caveat: {caveat}" for caveat in plan.caveats]
+    lines += [f"torch: {why}" for why in inductor_order.reported(judged.reports)]
+    lines += [f"problem: {problem}" for problem in judged.problems if problem != judged.reason]
+    if judged.error and judged.verdict == outcome_mod.FAIL:
+        lines.append(f"vLLM stopped with an error: {judged.error}")
+    elif not judged.error and not judged.reports and not judged.ignored:
+        lines.append(
+            "no record came back: is vllm-hotfix armed in vLLM's workers (pip install; VLLM_PLUGINS)?"
+        )
+    lines.append(f"verdict: {judged.verdict} ({judged.reason}); exit {judged.exit_code}")
+    return "\n".join(lines)
+
+
+def check_document(run: Run, judged: outcome_mod.Outcome, timed_out: bool) -> dict[str, Any]:
+    """The check's --json document (the audit's holds it as `check`)."""
+    plan = run.plan
+    workload = plan and {
+        "prompt_lengths": plan.lengths,
+        "skipped_lengths": plan.skipped_lengths,
+        "batch_sizes": plan.batches,
+        "decode_tokens": DECODE,
+    }
+    return cli_output.document(
+        "verify",
+        judged.exit_code,
+        judged.reason,
+        verdict=judged.verdict,
+        problems=judged.problems,
+        error=judged.error,
+        timed_out=timed_out,
+        model=run.args.model,
+        engine_args=list(run.args.engine_args),
+        **{key: getattr(plan, key, None) for key in PLAN_KEYS},
+        world=plan and plan.world.as_dict(),
+        workload=workload,
+        caveats=plan.caveats if plan else [],
+        notes=plan.notes if plan else [],
+        ignored_reports=judged.ignored,
+        per_id=outcome_mod.per_id(judged.reports),
+        coverage=outcome_mod.coverage(judged.reports),
+        ranks=judged.reports,
+        seconds=round(time.monotonic() - run.started, 1),
+    )
 
 
 def run_workload(llm: Any, plan: Plan, vocab: int, sampling: Any, run: Any = None) -> None:
@@ -462,7 +501,7 @@ def keyed_compile_cache() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_with(Run(args, own_engine.keep_stdout()))
+    return run_with(Run(args, own_engine.keep_stdout(), Check()))
 
 
 def run_with(runner: Run) -> int:
@@ -475,7 +514,7 @@ def run_with(runner: Run) -> int:
     try:
         runner.main()
     except UsageError as error:
-        _usage_exit(str(error), command=runner.COMMAND, stream=runner.stdout)
+        _usage_exit(str(error), command=runner.job.command, stream=runner.stdout)
     except own_engine.NoVllm as missing:  # one line (under --json the document, with it as reason)
         if args.json:
             runner.finish(str(missing))
