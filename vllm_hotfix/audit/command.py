@@ -214,7 +214,6 @@ class Audit:
         self.args = args
         self.chosen = chosen
         self.out = ""
-        self.max_len: int | None = None
         self.results = Results(chosen.ids, bool(getattr(args, "list_every_file", False)))
         self.manifest = ""
         self._document: tuple[outcome_mod.Outcome | None, dict[str, Any]] | None = None
@@ -280,7 +279,6 @@ class Audit:
         return row | {"tokens": found.tokens, "judged_tokens": judged, "dtype": found.dtype}
 
     def workload(self, run: verify_command.Run, vocab: int, max_len: int, sampling: Any) -> None:
-        self.max_len = max_len
         prefill = sampling(max_tokens=1, temperature=0.0)
         chosen, runnable = self.chosen, []
         for index, found in enumerate(chosen.audited):
