@@ -39,7 +39,7 @@ import time
 began = time.monotonic()
 import os, sys
 from pathlib import Path
-from vllm_hotfix.audit import command as audit, files
+from vllm_hotfix.audit import files, job as audit
 from vllm_hotfix import own_engine
 from vllm_hotfix.verify import command
 data, model, ids, flags = sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4:]

@@ -181,7 +181,8 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
     """The audit's judgement of files whose engine-side results say `statuses` (no engine)."""
     import argparse
 
-    from vllm_hotfix.audit.command import Audit, Chosen
+    from vllm_hotfix.audit.job import Audit
+    from vllm_hotfix.audit.selection import Chosen
 
     data = tmp_path / "data"
     data.mkdir()

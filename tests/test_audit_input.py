@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from vllm_hotfix import cli, precision
-from vllm_hotfix.audit import bound, compare, files, merge, verdict
+from vllm_hotfix.audit import bound, compare, files, merge, selection, verdict
 from vllm_hotfix.audit import command as audit_command
+from vllm_hotfix.audit import job as audit_job
 from vllm_hotfix.verify import command as verify_command
 
 torch = pytest.importorskip("torch")
@@ -239,7 +240,7 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def test_each_file_that_cannot_be_audited_is_named_before_the_engine(tmp_path: Path, model: Path) -> None:
-    chosen = audit_command.choose(args(dataset(tmp_path), model, "--all"))
+    chosen = selection.choose(args(dataset(tmp_path), model, "--all"))
     assert sorted(f.path.name for f in chosen.audited) == [f"ok-{i}.safetensors" for i in range(4)]
     assert [f.path.name for f in chosen.wrong] == ["short.safetensors"]
     na = {f.path.name: f.na for f in chosen.na}
@@ -253,11 +254,11 @@ def test_each_file_that_cannot_be_audited_is_named_before_the_engine(tmp_path: P
 
 
 def _audit(
-    chosen: audit_command.Chosen, tmp_path: Path, **more: Any
-) -> tuple[audit_command.Audit, verify_command.Run]:
+    chosen: selection.Chosen, tmp_path: Path, **more: Any
+) -> tuple[audit_job.Audit, verify_command.Run]:
     """The audit of `chosen` and its engine's run as they are before the engine (no vLLM)."""
     namespace = argparse.Namespace(model="m", json=True, engine_args=[], **more)
-    audit = audit_command.Audit(namespace, chosen)
+    audit = audit_job.Audit(namespace, chosen)
     run = verify_command.Run(namespace, io.StringIO(), audit)
     run.plan = verify_command.Plan("run", str(tmp_path / "reports"), [], [])
     audit.before_vllm(run)
@@ -275,7 +276,7 @@ def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
     reads: list[str] = []
     token_ids = files.token_ids
     monkeypatch.setattr(files, "token_ids", lambda found: reads.append(found.path.name) or token_ids(found))
-    chosen = audit_command.choose(args(data, model, "--all", "--max-tokens", "7"))
+    chosen = selection.choose(args(data, model, "--all", "--max-tokens", "7"))
     assert reads == []
     audit, _ = _audit(chosen, tmp_path)
     prompts, entries = audit._prompts(list(range(len(chosen.audited))), vocab=1000)
@@ -290,7 +291,7 @@ def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
 
 
 def test_ids_in_another_order_are_read_in_vllms(tmp_path: Path, model: Path) -> None:
-    chosen = audit_command.choose(cli.parse(["audit", str(dataset(tmp_path)), str(model), "--ids", "4,1,2"]))
+    chosen = selection.choose(cli.parse(["audit", str(dataset(tmp_path)), str(model), "--ids", "4,1,2"]))
     assert chosen.ids == [1, 2, 4] and chosen.ids_given == [4, 1, 2]
     assert chosen.ids_note is not None and "read in vLLM's order 1,2,4" in chosen.ids_note
     # what reading the files in the typed order would do to a right file: call it wrong
@@ -433,7 +434,7 @@ def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: st
     """The document of one run (or shard) whose engine-side results say `statuses` per file name."""
     from vllm_hotfix.verify.outcome import Outcome
 
-    chosen = audit_command.choose(args(tmp_path / "data", model, *more))
+    chosen = selection.choose(args(tmp_path / "data", model, *more))
     out = tmp_path / f"out-{'-'.join(more)}"
     out.mkdir()
     for index, found in enumerate(chosen.audited):
@@ -443,7 +444,7 @@ def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: st
             json.dumps({"file": str(found.path), "status": status, "per_id": per_id})
         )
     namespace = argparse.Namespace(model=str(model), json=True, engine_args=[])
-    audit = audit_command.Audit(namespace, chosen)
+    audit = audit_job.Audit(namespace, chosen)
     audit.out = str(out)
     return audit.document(None, Outcome("PASS", 0, "checked", [], 0), False)
 
@@ -523,7 +524,7 @@ def test_a_merge_refuses_shards_of_other_audits_and_says_a_missing_rank(
 def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
     tmp_path: Path, model: Path
 ) -> None:
-    chosen = audit_command.choose(args(dataset(tmp_path), model, "--all"))
+    chosen = selection.choose(args(dataset(tmp_path), model, "--all"))
     audit, run = _audit(chosen, tmp_path)
     broken = chosen.audited[1].path
     broken.write_bytes(b"")  # after its header was read
@@ -550,7 +551,7 @@ def test_each_generate_call_fits_the_tokens_the_preflight_compares() -> None:
     found = [
         files.DataFile(Path(f"{i}"), tokens=n) for i, n in enumerate([3000, 1000, 96, 1, 5000, 10, 4096])
     ]
-    calls = list(audit_command.batches(found, lambda f: f.tokens, 4096))
+    calls = list(audit_job.batches(found, lambda f: f.tokens, 4096))
     assert [[f.tokens for f in call] for call in calls] == [[3000, 1000, 96], [1], [5000], [10], [4096]]
     many = [files.DataFile(Path(f"{i}"), tokens=1) for i in range(130)]
-    assert [len(c) for c in audit_command.batches(many, lambda f: f.tokens, 4096)] == [64, 64, 2]
+    assert [len(c) for c in audit_job.batches(many, lambda f: f.tokens, 4096)] == [64, 64, 2]

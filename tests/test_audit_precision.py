@@ -197,7 +197,8 @@ def test_the_auditor_judges_a_bf16_file_at_bf16_and_records_the_rule(tmp_path: P
 
 
 def test_a_non_finite_reference_makes_the_run_an_error(tmp_path: Path) -> None:
-    from vllm_hotfix.audit.command import Audit, Chosen
+    from vllm_hotfix.audit.job import Audit
+    from vllm_hotfix.audit.selection import Chosen
     from vllm_hotfix.verify.outcome import Outcome
 
     references = recomputed(torch.float32)
@@ -258,7 +259,8 @@ def test_the_expert_layer_names_are_vllms(testenv) -> None:
 
 
 def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
-    from vllm_hotfix.audit.command import Audit, Chosen
+    from vllm_hotfix.audit.job import Audit
+    from vllm_hotfix.audit.selection import Chosen
     from vllm_hotfix.verify.outcome import Outcome
 
     references = recomputed(torch.bfloat16, tokens=200)

@@ -14,11 +14,11 @@ import sys
 from typing import Any
 
 from vllm_hotfix import cli_output, exit_codes
-from vllm_hotfix.audit import command as audit_command
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.cli_output import Parser, UsageError, exit_usage
 from vllm_hotfix.errors import one_line
 
+SCHEMA = cli_output.SCHEMAS["audit"]  # 3: counts and per_id over the files; the files worth naming
 SAME = ("model", "ids", "precision")  # top-level keys every shard must share (precision: --tolerance)
 SAME_SELECTION = ("sample", "seed", "max_tokens", "world_size", "files_in_data")
 
@@ -31,9 +31,9 @@ def _read(path: str) -> dict[str, Any]:
         raise UsageError(f"REPORT {path}: not readable as JSON ({error})") from None
     if not isinstance(document, dict) or document.get("command") != "audit" or "selection" not in document:
         raise UsageError(f"REPORT {path}: not the --json document of a vllm-hotfix audit shard")
-    if document.get("schema") != audit_command.SCHEMA:
+    if document.get("schema") != SCHEMA:
         raise UsageError(
-            f"REPORT {path}: schema {document.get('schema')}, not {audit_command.SCHEMA}: made by another"
+            f"REPORT {path}: schema {document.get('schema')}, not {SCHEMA}: made by another"
             " version of vllm-hotfix; audit the shard again with this one"
         )
     return document
@@ -153,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
         reason = f"the merge failed: {one_line(error)}"
         print(f"vllm-hotfix audit-merge: {reason}", file=sys.stderr)
         if args.json:
-            print(json.dumps(audit_command.failure(args, reason, "audit-merge"), indent=2))
+            print(json.dumps(verdict_mod.failure(args, reason, "audit-merge"), indent=2))
         return exit_codes.ERROR
-    print(json.dumps(merged, indent=2) if args.json else "\n".join(audit_command.text_lines(merged)))
+    print(json.dumps(merged, indent=2) if args.json else "\n".join(verdict_mod.text_lines(merged)))
     sys.stdout.flush()
     code: int = merged["exit_code"]
     return code

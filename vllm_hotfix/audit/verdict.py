@@ -1,17 +1,19 @@
 """The audit's verdict and its estimate for the whole dataset, from its files' counts per status
-and the rows it names: one rule for a run and for the merge of its shards' documents (merge.py).
+and the rows it names, and a document as text: one rule for a run and for the merge of its shards'
+documents (merge.py).
 
 A file's status is `ok`, `wrong` or `n/a`. A file judged against a reference the pre-flight check
-did not prove is `n/a` already (command.py); a file wrong as it stands (fewer state rows than
+did not prove is `n/a` already (job.py); a file wrong as it stands (fewer state rows than
 tokens) needs no reference and stays `wrong` whatever the check says.
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix import exit_codes
+from vllm_hotfix import cli_output, exit_codes
 from vllm_hotfix.audit import bound
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
@@ -77,3 +79,33 @@ def estimate_line(found: dict[str, Any]) -> str:
         f" {found['files_in_data']} files; at {found['confidence']:.0%} confidence at most"
         f" {found['wrong_fraction_at_most']:.2%} of the files in DATA are wrong"
     )
+
+
+def text_lines(document: dict[str, Any]) -> list[str]:
+    """A document's files, notes, estimate and verdict as text (a run's, or merged shards')."""
+    lines = []
+    for row in document.get("files") or []:
+        if row["status"] == "wrong":
+            bad = [e for e in row["per_id"] if e["status"] == "wrong"]
+            said = "; ".join(
+                f"id {e['id']}: max rel diff {e['max_rel_diff']:.3g}"
+                + (f" ({e['cause']})" if e.get("cause") else "")
+                for e in bad
+            )
+            lines.append(f"wrong {row['file']}: {said or row.get('why')}")
+        elif row["status"] == "ok" and any(e.get("note") for e in row.get("per_id") or []):
+            said = "; ".join(f"id {e['id']}: {e['note']}" for e in row["per_id"] if e.get("note"))
+            lines.append(f"ok    {row['file']}: {said}")
+        elif row["status"] == "n/a":
+            lines.append(f"n/a   {row['file']}: {row.get('why')}")
+    lines += [f"note: {note}" for note in document.get("notes") or []]
+    if document.get("estimate"):
+        lines.append(estimate_line(document["estimate"]))
+    lines.append(f"verdict: {document['verdict']} ({document['reason']}); exit {document['exit_code']}")
+    return lines
+
+
+def failure(args: argparse.Namespace, reason: str, command: str = "audit") -> dict[str, Any]:
+    """The document of a run that failed in the command itself: exit 3."""
+    data, model = getattr(args, "data", None), getattr(args, "model", None)
+    return cli_output.document(command, exit_codes.ERROR, reason, data=data, model=model, files=[])

@@ -5,7 +5,7 @@ generate call. One file is read at a time, so memory stays bounded whatever the 
 the dataset is only read.
 
 A prompt is whole in one forward, from position 0: the audit's engine runs without prefix caching
-and with every prompt in one step (command.py); a prompt that arrives otherwise is `n/a`.
+and with every prompt in one step (job.py); a prompt that arrives otherwise is `n/a`.
 """
 
 from __future__ import annotations
