@@ -259,9 +259,8 @@ class TinyEngine:
         return done.stdout.strip()
 
 
-STARTED = re.compile(
-    r"vLLM started in (\d+) s"
-)  # the commands (and the baselines) say it once the engine is up
+# what the commands (and the benchmarks' baselines) log once the engine is up
+STARTED = re.compile(r"vLLM started in (\d+) s")
 
 
 def started(log: str) -> float:
