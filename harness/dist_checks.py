@@ -205,6 +205,9 @@ def status_problems(python: str, work: Path) -> list[str]:
         return [*problems, f"`vllm-hotfix status --json` printed no JSON document:\n{done.stdout}"]
     if document.get("hotfix_version") != version():
         problems.append(f"`vllm-hotfix status --json` says version {document.get('hotfix_version')}")
+    checkout = document.get("hotfix_checkout", "absent")
+    if checkout is not None:  # installed, not run from a checkout
+        problems.append(f"`vllm-hotfix status --json` says checkout {checkout}")
     reasons = {fix["reason"] for fix in document.get("fixes", [])}
     if reasons != {"vLLM is not installed: nothing to fix"}:
         problems.append(f"`vllm-hotfix status --json` does not give each fix's reason: {reasons}")
