@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tarfile
 import urllib.error
 import urllib.request
@@ -105,6 +106,15 @@ def test_wheel_in_a_clean_venv_offline(dists, tmp_path: Path) -> None:
     without vLLM (and without wrapt, which only patching needs)."""
     python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=False)
     assert dist_checks.status_problems(python, tmp_path) == []
+
+
+def test_pip_show_names_the_license(dists, tmp_path: Path) -> None:
+    """`pip show` prints the License field only (pip 23.2, the test environment's, reads no
+    License-Expression): the installed wheel's says Apache-2.0."""
+    python = dist_checks.install_into_venv(dists["wheel"], tmp_path / "venv", deps=False)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", python, "show"]
+    shown = subprocess.run([*pip, "vllm-hotfix"], capture_output=True, text=True, check=True).stdout
+    assert "License: Apache-2.0" in shown.splitlines(), shown
 
 
 def _pypi_reachable() -> str | None:
