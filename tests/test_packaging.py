@@ -91,6 +91,37 @@ def test_the_checks_catch_a_wrong_wheel(dists, tmp_path: Path) -> None:
     assert "entry points" in problems and "'vllm-hotfix': 'vllm_hotfix.plugin:register'" in problems
 
 
+def _names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as zf:
+        return set(zf.namelist())
+
+
+def test_a_stale_build_directory_never_reaches_the_wheel(tmp_path: Path) -> None:
+    """A checkout where `pip install .` once ran keeps build/lib/vllm_hotfix/, with modules deleted
+    upstream since. Built as `python -m build` does it (the sdist, which leaves build/ out, then the
+    wheel from it), the wheel holds exactly the package's modules; `pip wheel .` in the checkout,
+    what the docs said before, ships the deleted ones."""
+    source = copy_source(tmp_path / "src")
+    stale = source / "build" / "lib" / "vllm_hotfix"
+    (stale / "fixes").mkdir(parents=True)
+    (stale / "deleted_upstream.py").write_text("DELETED = True\n")
+    (stale / "fixes" / "retired_fix.py").write_text("RETIRED = True\n")
+    planted = {"vllm_hotfix/deleted_upstream.py", "vllm_hotfix/fixes/retired_fix.py"}
+
+    sdist = build_sdist(source, tmp_path / "dist")
+    with tarfile.open(sdist) as tf:
+        assert not [n for n in tf.getnames() if "/build/" in n]
+        tf.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    wheel = build_wheel(unpacked, tmp_path / "dist")
+    assert dist_checks.check_wheel(wheel) == []  # the package's files, exactly
+    assert not _names(wheel) & planted
+
+    in_place = build_wheel(source, tmp_path / "in-place")
+    assert _names(in_place) & planted == planted
+    assert any("extra ['vllm_hotfix/deleted_upstream.py'" in p for p in dist_checks.check_wheel(in_place))
+
+
 def test_the_harness_installs_the_release_wheel(dists) -> None:
     """The wheel test venvs get (harness.wheel, built from the tree) is the one built from the sdist."""
 
