@@ -7,6 +7,7 @@ but offline: setuptools' own hooks and `pip wheel` with the running Python's set
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,54 @@ def test_pip_show_names_the_license(dists, tmp_path: Path) -> None:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", python, "show"]
     shown = subprocess.run([*pip, "vllm-hotfix"], capture_output=True, text=True, check=True).stdout
     assert "License: Apache-2.0" in shown.splitlines(), shown
+
+
+def uninstall_recipe() -> list[str]:
+    """The commands of docs/usage.md's "Uninstalling", in its order."""
+    text = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
+    section = text.split("\n## Uninstalling\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\d+\. `([^`]+)`", section, re.MULTILINE)
+
+
+def test_the_uninstall_recipe_leaves_nothing_that_runs(dists, tmp_path: Path) -> None:
+    """docs/usage.md's three steps, run in a venv where the site hook was installed: no line at a
+    Python start, nothing of the package in site-packages. Without the first step the hook's .pth
+    stays, and every start prints its line."""
+    assert uninstall_recipe() == [
+        "vllm-hotfix uninstall-site-hook",
+        "vllm-hotfix clean --all",
+        "pip uninstall vllm-hotfix",
+    ]
+    env = {**dist_checks.clean_environ(), "XDG_CACHE_HOME": str(tmp_path / "cache"), "TMPDIR": str(tmp_path)}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+
+    def steps(venv: Path, skip_first: bool) -> tuple[str, list[str]]:
+        python = dist_checks.install_into_venv(dists["wheel"], venv, deps=False)
+        script = str(Path(python).parent / "vllm-hotfix")
+        run(script, "install-site-hook")
+        if not skip_first:
+            run(script, "uninstall-site-hook")
+        run(script, "clean", "--all")
+        run(
+            sys.executable,
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "--python",
+            python,
+            "uninstall",
+            "-y",
+            "vllm-hotfix",
+        )
+        started = run(python, "-c", "pass")
+        (site,) = (venv / "lib").glob("python3*/site-packages")
+        return started.stdout + started.stderr, sorted(p.name for p in site.iterdir() if "hotfix" in p.name)
+
+    assert steps(tmp_path / "all-three", skip_first=False) == ("", [])
+    said, left = steps(tmp_path / "without-the-first", skip_first=True)
+    assert left == ["vllm_hotfix_site_hook.pth"] and said.startswith("vllm-hotfix: site hook skipped:"), said
 
 
 def _pypi_reachable() -> str | None:
