@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import email.message
 import email.parser
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -57,7 +59,8 @@ def _metadata_problems(text: str, where: str) -> list[str]:
     expected = {
         "Name": NAME,
         "Version": version(),
-        "License-Expression": "Apache-2.0",
+        "License": "Apache-2.0",  # the field every pip's `pip show` prints (pyproject.toml)
+        "License-Expression": None,  # exclusive with License (core metadata 2.4)
         "License-File": "LICENSE",
         "Requires-Python": ">=3.10",
     }
@@ -69,11 +72,39 @@ def _metadata_problems(text: str, where: str) -> list[str]:
     urls = dict(entry.split(", ", 1) for entry in meta.get_all("Project-URL") or [])
     if set(urls) != set(PROJECT_URLS) or not all(urls[k].startswith(REPOSITORY) for k in urls):
         problems.append(f"{where}: Project-URL is {urls}, expected {PROJECT_URLS} under {REPOSITORY}")
+    problems += _summary_and_classifier_problems(meta, where)
+    relative = RELATIVE_LINK.findall(meta.get_payload())
+    if relative:
+        problems.append(f"{where}: the long description links {relative}, dead on PyPI and in the sdist")
     requires = meta.get_all("Requires-Dist")
     if requires != REQUIRES_DIST:
         problems.append(f"{where}: Requires-Dist is {requires}, expected {REQUIRES_DIST}")
     if "# vllm-hotfix" not in meta.get_payload():
         problems.append(f"{where}: the long description is not the README")
+    return problems
+
+
+# A Markdown link or image whose target is neither absolute nor an anchor of the same page.
+RELATIVE_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)")
+SUMMARY_MAX = 100  # one line that fits PyPI's search results
+REQUIRED_CLASSIFIERS = ("Development Status :: ", "Operating System :: ", "License :: ")
+
+
+def _summary_and_classifier_problems(meta: email.message.Message, where: str) -> list[str]:
+    """A one-line summary, and classifiers that say the development status, the OS, the license and
+    every Python 3 minor version from requires-python's lowest to the newest listed, no other."""
+    problems = []
+    summary = meta.get("Summary") or ""
+    if "\n" in summary or not 0 < len(summary) <= SUMMARY_MAX:
+        problems.append(f"{where}: Summary is not one line of at most {SUMMARY_MAX} characters: {summary!r}")
+    classifiers = meta.get_all("Classifier") or []
+    for prefix in REQUIRED_CLASSIFIERS:
+        if not any(c.startswith(prefix) for c in classifiers):
+            problems.append(f"{where}: no '{prefix}...' classifier")
+    minors = sorted(int(c.rsplit(".", 1)[1]) for c in classifiers if re.fullmatch(r".*:: 3\.\d+", c))
+    lowest = int((meta.get("Requires-Python") or ">=3.0").rsplit(".", 1)[1])
+    if not minors or minors != list(range(lowest, minors[-1] + 1)):
+        problems.append(f"{where}: Python classifiers 3.{minors} are not 3.{lowest} onwards without a gap")
     return problems
 
 
@@ -205,6 +236,9 @@ def status_problems(python: str, work: Path) -> list[str]:
         return [*problems, f"`vllm-hotfix status --json` printed no JSON document:\n{done.stdout}"]
     if document.get("hotfix_version") != version():
         problems.append(f"`vllm-hotfix status --json` says version {document.get('hotfix_version')}")
+    checkout = document.get("hotfix_checkout", "absent")
+    if checkout is not None:  # installed, not run from a checkout
+        problems.append(f"`vllm-hotfix status --json` says checkout {checkout}")
     reasons = {fix["reason"] for fix in document.get("fixes", [])}
     if reasons != {"vLLM is not installed: nothing to fix"}:
         problems.append(f"`vllm-hotfix status --json` does not give each fix's reason: {reasons}")

@@ -14,7 +14,7 @@ import pytest
 
 from harness.testenv import REPO, outside_checkout
 from vllm_hotfix import cli, exit_codes
-from vllm_hotfix._version import __version__
+from vllm_hotfix._version import describe
 from vllm_hotfix.cli_output import SCHEMA, SCHEMAS, Parser
 
 
@@ -29,7 +29,7 @@ def run(*argv: str) -> int:
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert run("--version") == exit_codes.OK
-    assert capsys.readouterr().out == f"vllm-hotfix {__version__}\n"
+    assert capsys.readouterr().out == f"vllm-hotfix {describe()}\n"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_hotfix import cli, exit_codes
-from vllm_hotfix._version import __version__
+from vllm_hotfix._version import describe
 from vllm_hotfix.cli_output import Parser
 
 
@@ -25,7 +25,7 @@ def run(*argv: str) -> int:
 @pytest.mark.parametrize("flag", ["-V", "--version"])
 def test_the_version(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(flag) == exit_codes.OK
-    assert capsys.readouterr().out == f"vllm-hotfix {__version__}\n"
+    assert capsys.readouterr().out == f"vllm-hotfix {describe()}\n"
 
 
 @pytest.mark.parametrize(

@@ -202,14 +202,14 @@ OLD_NAMES = {"install-sitecustomize": "install-site-hook", "uninstall-sitecustom
 
 
 class _Version(argparse.Action):
-    """`-V`: the version, as a document under --json."""
+    """`-V`: the version (and, run from a checkout, its commit), as a document under --json."""
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        from vllm_hotfix._version import __version__
+        from vllm_hotfix._version import __version__, checkout, describe
 
-        line = f"vllm-hotfix {__version__}"
+        line = f"vllm-hotfix {describe()}"
         if Parser.json_requested:
-            print_document("version", exit_codes.OK, line, version=__version__)
+            print_document("version", exit_codes.OK, line, version=__version__, checkout=checkout())
         else:
             print(line)
         parser.exit(exit_codes.OK)

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm_hotfix import engine
 from vllm_hotfix import settings as settings_mod
-from vllm_hotfix._version import __version__
+from vllm_hotfix._version import __version__, checkout, describe
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
 from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
@@ -115,6 +115,7 @@ def process_status() -> dict[str, Any]:
 
     return {
         "hotfix_version": __version__,
+        "hotfix_checkout": checkout(),  # run from a git checkout: its path, commit, modified
         "pid": os.getpid(),
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
@@ -159,8 +160,9 @@ def cache_line(cache: dict[str, Any]) -> str:
 
 def format_text(status: dict[str, Any]) -> str:
     settings = status["settings"]
+    version = describe(status["hotfix_version"], status.get("hotfix_checkout"))
     lines = [
-        f"vllm-hotfix {status['hotfix_version']} (pid {status['pid']}, Python {status['python']}:"
+        f"vllm-hotfix {version} (pid {status['pid']}, Python {status['python']}:"
         f" {status['python_executable']})",
         f"vLLM: {status['vllm_loaded'] or status['vllm_installed'] or 'not installed'}"
         + ("" if status["vllm_loaded"] else " (not imported)"),
