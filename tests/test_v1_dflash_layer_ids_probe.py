@@ -231,3 +231,19 @@ def test_the_layer_ids_key_is_read_by_v2_only(dist, version) -> None:
     config = {"dflash_config": {"layer_ids": [4, 5, 6]}}
     assert _v2(V2_FIX.transform_source(_stored(V2_FIX, dist, version)), config) == [4, 5, 6]
     assert _v1(FIX.transform_source(_stored(FIX, dist, version)), config) is None
+
+
+def test_the_overwrite_laid_out_over_several_lines_is_patched_after_its_last_line() -> None:
+    source = _stored(FIX, *BASE)
+    old = f'layer_ids = eagle_config.get("{KEY}")'
+    multi = source.replace(
+        old, f'layer_ids = eagle_config.get(\n                    "{KEY}"\n                )'
+    )
+    assert FIX.probe_source(multi).verdict is Decision.PATCHED
+    fixed = FIX.transform_source(multi)
+    assert FIX.probe_source(fixed).verdict is Decision.FIXED_UPSTREAM
+    assert "                ) or layer_ids\n" in fixed
+    assert (
+        _v1(fixed, CONFIGS["dflash_eagle_config"]) == AUX
+        and _v1(multi, CONFIGS["dflash_eagle_config"]) is None
+    )

@@ -148,9 +148,10 @@ class V1DflashLayerIds(Fix):
         text = textwrap.dedent(source)
         shape = Shape(self.parse_function(text))
         assert shape.overwrite is not None
-        value = shape.overwrite.value
-        assert value.end_lineno == value.lineno and value.end_col_offset is not None
+        value = shape.overwrite.value  # ` or layer_ids` goes right after it, on its last line
+        end, column = value.end_lineno, value.end_col_offset
+        assert end is not None and column is not None
         lines = text.splitlines(keepends=True)
-        line = lines[value.lineno - 1]
-        lines[value.lineno - 1] = f"{line[: value.end_col_offset]} or layer_ids{line[value.end_col_offset :]}"
+        line = lines[end - 1]
+        lines[end - 1] = f"{line[:column]} or layer_ids{line[column:]}"
         return "".join(lines)
