@@ -242,7 +242,9 @@ def test_the_overwrite_laid_out_over_several_lines_is_patched_after_its_last_lin
     assert FIX.probe_source(multi).verdict is Decision.PATCHED
     fixed = FIX.transform_source(multi)
     assert FIX.probe_source(fixed).verdict is Decision.FIXED_UPSTREAM
-    assert "                ) or layer_ids\n" in fixed
+    before, after = textwrap.dedent(multi).splitlines(), fixed.splitlines()
+    changed = [line for line in difflib.ndiff(before, after) if line[:1] in "+-"]
+    assert changed == ["-             )", "+             ) or layer_ids"]
     assert (
         _v1(fixed, CONFIGS["dflash_eagle_config"]) == AUX
         and _v1(multi, CONFIGS["dflash_eagle_config"]) is None
