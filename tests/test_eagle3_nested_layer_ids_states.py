@@ -58,7 +58,7 @@ def test_with_the_fix_v2_feeds_the_declared_layers_as_v1_does_in_every_format(fa
     declared = NESTED.get(name, DECLARED)
     fixed, stock = facts[f"hotfix/{name}"], facts[f"stock/{name}"]
     assert fixed["v2"] == fixed["v2_target"] == fixed["v1"] == declared
-    assert fixed["v1"] == stock["v1"]  # the V1 runner is not touched
+    assert fixed["v1"] == stock["v1"]  # nothing here has DFlash ids beside an eagle_config
     if name in NESTED:
         assert fixed["draft_aux_states"] == len(declared)
     else:  # top-level and DFlash ids: stock already right, and the fix changes nothing

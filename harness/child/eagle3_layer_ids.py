@@ -16,7 +16,7 @@ armed and then removed (`vllm_hotfix.remove()`):
   target (`LlamaForCausalLM` or `Qwen3ForCausalLM`, from vLLM's registry; its
   `model.aux_hidden_state_layers`);
 - `v1`: the V1 runner's resolver, `GPUModelRunner._get_eagle3_aux_layers_from_config`, on the same
-  speculative config (the hotfix does not touch it);
+  speculative config (v1-dflash-layer-ids changes nothing for these formats);
 - `draft_class`, `draft_aux_states`: the real EAGLE3 draft class vLLM's registry picks
   (`Eagle3LlamaForCausalLM`, `Eagle3Qwen3ForCausalLM`) and how many aux states it sizes its `fc`
   for (`fc` input features / target hidden size), for the EAGLE3 formats.
