@@ -40,13 +40,15 @@ def _source(dist: str, version: str) -> str:
 
 
 @pytest.mark.parametrize(("dist", "version"), RELEASES)
-def test_the_method_is_patched_and_only_the_fill_is_added(dist, version) -> None:
+def test_the_method_is_patched_and_only_the_fill_is_added_under_its_decorator(dist, version) -> None:
     source = _source(dist, version)
     probe = FIX.probe_source(source)
     assert probe.verdict is Decision.PATCHED, probe.reason
     fixed = FIX.transform_source(source)
     assert FIX.probe_source(fixed).verdict is Decision.FIXED_UPSTREAM
-    before, after = textwrap.dedent(source).splitlines(), fixed.splitlines()
+    decorator, *before = textwrap.dedent(source).splitlines()
+    after = fixed.splitlines()
+    assert decorator == "@torch.inference_mode()"  # dropped: `put` applies it, as the class body does
     call = next(i for i, line in enumerate(before) if "self._get_slot_mapping(num_input_tokens)" in line)
     assert after[:call] == before[:call]
     assert after[call + 3 :] == before[call:]  # the call, the else and the forward as they were
@@ -68,6 +70,7 @@ def test_releases_without_the_proposer_are_not_affected() -> None:
         ("_get_slot_mapping(num_input_tokens)", "_get_slot_mapping(num_tokens)", OWN_BUFFER),
         ("slot_mapping_dict = slot_mappings or {}", "slot_mapping_dict = slot_mappings", RUNNER_MAPPINGS),
         ("        slot_mappings: dict", "        mappings: dict", "the parameters"),
+        ("@torch.inference_mode()", "@torch.no_grad()", "the decorator @torch.inference_mode() alone"),
     ],
 )  # fmt: skip
 def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:
