@@ -7,6 +7,7 @@ from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
 from vllm_hotfix.fixes.eagle3_nested_layer_ids import Eagle3NestedLayerIds
+from vllm_hotfix.fixes.extract_dummy_run_slots import ExtractDummyRunSlots
 from vllm_hotfix.fixes.extract_next_token import ExtractNextToken
 from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
 from vllm_hotfix.fixes.hidden_states_padding_slot import HiddenStatesPaddingSlot
@@ -27,6 +28,7 @@ ALL_FIXES: tuple[Fix, ...] = (
     ExtractNextToken(),
     HiddenStatesPrefixCache(),
     V1DflashLayerIds(),
+    ExtractDummyRunSlots(),
 )
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 
