@@ -4,10 +4,10 @@ oracles as the hotfix's, run by the same harness, with the patched vLLM files in
 The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
 change copied and patched (the V3.2 series deepseek-v32-{final-layer,id0-copy,tp-sum}/0.32.0.patch,
 shared-capture-id0/0.34.0.patch, eagle3-nested-layer-ids/0.34.0.patch,
-extract-next-token/0.33.0.patch, pp-aux-layer-index/0.34.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the
-repository is not on it, so vllm_hotfix cannot load. Stock is the same function from the venv's
-unpatched file, in the same process (harness/child/upstream_stock.py), as the hotfix's tests take
-stock from `__wrapped__`.
+extract-next-token/0.33.0.patch, pp-aux-layer-index/0.34.0.patch: all apply to 0.32.0), first on the
+child's PYTHONPATH; the repository is not on it, so vllm_hotfix cannot load. Stock is the same
+function from the venv's unpatched file, in the same process (harness/child/upstream_stock.py), as
+the hotfix's tests take stock from `__wrapped__`.
 
 - Each patch's own test (the file it adds to vLLM's tests/, run by harness/child/upstream_tests.py):
   fails on stock, passes patched.
