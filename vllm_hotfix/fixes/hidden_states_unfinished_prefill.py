@@ -100,7 +100,7 @@ class HiddenStatesUnfinishedPrefill(Fix):
     affected = ("0.24.0", "0.34.0")
     fixed_in = None
     upstream = "none (see upstream/hidden-states-unfinished-prefill/)"
-    absent = Decision.NOT_AFFECTED  # releases before the connector save nothing
+    absent = Decision.NOT_AFFECTED  # releases before the connector (0.17.0) save nothing
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
@@ -113,8 +113,10 @@ class HiddenStatesUnfinishedPrefill(Fix):
             return Probe(
                 Decision.NOT_AFFECTED,
                 f"{CONNECTOR}.request_finished queues no save: the connector from before its rewrite"
-                " (vLLM PR #43805, 0.24.0) saves a request in the step that schedules it, and refuses"
-                " chunked prefill, so no request is saved with part of its prompt computed",
+                " (vLLM PR #43805, 0.24.0) writes a request's file in its worker's save_kv_layer, in"
+                " the steps that schedule it (0.22.0-0.23.0 refuse chunked prefill with it; 0.17.0-"
+                "0.21.0 rewrite the file at each chunk that gets new blocks, a defect of that save"
+                " path this fix does not repair)",
             )
         names = [a.arg for a in function.args.args]
         missing = [] if "request" in names else [f"the parameter `request` (found {', '.join(names)})"]
