@@ -25,7 +25,7 @@ from harness.testenv import BUG, TestEnv, child_result, site
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hidden-states-unfinished-prefill")]
 FIX_ID = "hidden-states-unfinished-prefill"
-LOG = "finished before its prefill completed"
+LOG = "finished before its prefill completed ("  # the INFO line, not the decision's reason
 FIRST_CHUNK = 12  # L's tokens computed in the first step (32 - 8 - 12)
 BLOCK = 16
 
