@@ -8,7 +8,8 @@ first step runs A and B whole and L's first 12 tokens, then L is aborted with
 `LLMEngine.abort_request` while A and B go on. Three runs: stock (this fix disabled; the hotfix's
 other fixes on, its CPU sampler fix lets speculative decoding start), patched, and patched without
 the abort, where L completes: the oracle for L's rows and for A's and B's files (vLLM's own
-computation, which this fix does not touch: its files are saved by stock code).
+computation, which this fix does not touch: its files are saved by stock code). A fourth run plants
+a fault: the fix returning 0.31.0's `False, None` on 0.24.0, which the scheduler's assert stops.
 
 The one stand-in: the connector's save path is CUDA-only (a side stream, events, pinned memory), so
 those calls run synchronously on CPU (harness/child/sites/cpu_connector).
@@ -34,6 +35,7 @@ RUNS = {  # name: (abort L, environment)
     "patched": (True, {}),
     "whole": (False, {}),
 }
+ASSERT = "assert req_id in self.requests"  # the scheduler's, on a finished_sending report
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +120,25 @@ def test_engine_every_other_file_equals_a_run_without_the_abort(runs) -> None:
             (ids, states), (want_ids, want_states) = runs[name]["files"][request], whole["files"][request]
             assert ids.equal(want_ids) and states.equal(want_states), (name, request)
             assert len(states) == len(ids) == len(runs[name]["saved"][request]["prompt"])
+
+
+@pytest.mark.engine
+@pytest.mark.long
+def test_engine_freeing_the_blocks_at_once_on_0_24_trips_the_scheduler(
+    testenv: TestEnv, tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """Why the fix returns `True, None` on 0.24.0: with 0.31.0's `False, None` planted, the request
+    is gone when 0.24.0's get_finished reports it (it reports every finished request), and the
+    scheduler's assert stops the engine."""
+    args = [testenv.script("unfinished_prefill_files"), "--checkpoint", str(tiny_checkpoint)]
+    args += ["--out", str(tmp_path / "files"), "--hotfix", "--abort", "--plant-free-at-once"]
+    done = testenv.run(
+        args,
+        version=BUG,
+        hotfix=True,
+        paths=(site("cpu_connector"),),
+        timeout=900,
+        VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
+    )
+    assert done.returncode != 0 and child_result(done.stdout) is None
+    assert "_update_from_kv_xfer_finished" in done.stderr and ASSERT in done.stderr, done.stderr[-3000:]

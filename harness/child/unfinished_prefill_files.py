@@ -6,12 +6,14 @@ it with the engine's own step loop: it adds A (8 tokens), B (12) and L (100, the
 that order, so the first step runs A and B whole and L's first 12 tokens; then (`--abort`) it
 aborts L through `LLMEngine.abort_request`, and steps until A and B have finished and their files
 are written, then a few steps more. Without `--abort`, L runs to its end too.
+`--plant-free-at-once` plants a fault: the hotfix returns 0.31.0's `False, None` on any release.
 Prints `RESULT {json}`: per request its prompt, the path of the file the connector would save it to
 and whether it exists; the scheduler's requests and free KV-cache blocks before and after; whether
 the hotfix was loaded. The connector's save path is CUDA-only: put harness/child/sites/cpu_connector
 on PYTHONPATH.
 
 python harness/child/unfinished_prefill_files.py --checkpoint DIR --out DIR [--abort] [--hotfix]
+    [--plant-free-at-once]
 """
 
 from __future__ import annotations
@@ -48,7 +50,16 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--abort", action="store_true", help="abort L after the first step")
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix first (on PYTHONPATH)")
+    parser.add_argument(
+        "--plant-free-at-once",
+        action="store_true",
+        help="a planted fault: the fix returns `False, None` (0.31.0's) on every release",
+    )
     args = parser.parse_args()
+    if args.plant_free_at_once:
+        from vllm_hotfix.fixes import hidden_states_unfinished_prefill
+
+        hidden_states_unfinished_prefill.DELAYED_RETURN = hidden_states_unfinished_prefill.UNSCHEDULED_RETURN
     if args.hotfix:
         import vllm_hotfix  # noqa: F401  (arms its fixes before vLLM is imported)
     for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_MLA_DISABLE": "1"}.items():
