@@ -80,8 +80,8 @@ def runs(
 
 
 def _decision(run: dict[str, Any]) -> str:
-    (line,) = [line for line in run["log"].splitlines() if f"fix={FIX_ID} decision=" in line]
-    return line.split("decision=")[1].split()[0].strip("'")
+    decision: str = run["decisions"][FIX_ID]
+    return decision
 
 
 @pytest.mark.engine

@@ -10,8 +10,8 @@ L runs to its end too. `--plant-free-at-once` plants a fault: the hotfix returns
 `False, None` on any release.
 Prints `RESULT {json}`: per request its prompt, the path of the file the connector would save it to
 and whether it exists; the scheduler's requests and free KV-cache blocks before and after; whether
-the hotfix was loaded. The connector's save path is CUDA-only: put harness/child/sites/cpu_connector
-on PYTHONPATH.
+the hotfix was loaded, and its decisions. The connector's save path is CUDA-only: put
+harness/child/sites/cpu_connector on PYTHONPATH.
 
 python harness/child/unfinished_prefill_files.py --checkpoint DIR --out DIR [--abort] [--hotfix]
     [--plant-free-at-once]
@@ -65,7 +65,7 @@ def main() -> None:
 
         hidden_states_unfinished_prefill.DELAYED_RETURN = hidden_states_unfinished_prefill.UNSCHEDULED_RETURN
     if args.hotfix:
-        import vllm_hotfix  # noqa: F401  (arms its fixes before vLLM is imported)
+        import vllm_hotfix  # arms its fixes before vLLM is imported
     for key, value in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_MLA_DISABLE": "1"}.items():
         os.environ.setdefault(key, value)
 
@@ -132,6 +132,10 @@ def main() -> None:
         "files": sorted(name for name in os.listdir(args.out) if name.endswith(".safetensors")),
         "hotfix": "vllm_hotfix" in sys.modules,
     }
+    if args.hotfix:
+        import vllm_hotfix
+
+        result["decisions"] = {f["fix"]: f["decision"] for f in vllm_hotfix.status()["fixes"]}
     print("RESULT " + json.dumps(result), flush=True)
 
 
