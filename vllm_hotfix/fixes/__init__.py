@@ -12,6 +12,7 @@ from vllm_hotfix.fixes.extract_next_token import ExtractNextToken
 from vllm_hotfix.fixes.hidden_states_hybrid_block import HiddenStatesHybridBlock
 from vllm_hotfix.fixes.hidden_states_padding_slot import HiddenStatesPaddingSlot
 from vllm_hotfix.fixes.hidden_states_prefix_cache import HiddenStatesPrefixCache
+from vllm_hotfix.fixes.hidden_states_unfinished_prefill import HiddenStatesUnfinishedPrefill
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
 from vllm_hotfix.fixes.pp_aux_layer_index import PP_AUX_LAYER_INDEX_FIXES
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
@@ -31,6 +32,7 @@ ALL_FIXES: tuple[Fix, ...] = (
     V1DflashLayerIds(),
     ExtractDummyRunSlots(),
     *PP_AUX_LAYER_INDEX_FIXES,
+    HiddenStatesUnfinishedPrefill(),
 )
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 
