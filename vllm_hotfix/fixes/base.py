@@ -125,3 +125,16 @@ def same_code(node: ast.AST, expected: str) -> bool:
 def contains_code(tree: ast.AST, expected: str) -> bool:
     """Whether any node under `tree` is `expected`."""
     return any(same_code(node, expected) for node in ast.walk(tree))
+
+
+def reads_key(tree: ast.AST, key: str) -> bool:
+    """Whether any node under `tree` reads `key` from a mapping: `x.get(key...)` or `x[key]`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.Constant) and first.value == key:
+                return True
+        index = node.slice if isinstance(node, ast.Subscript) else None
+        if isinstance(index, ast.Constant) and index.value == key:
+            return True
+    return False

@@ -27,7 +27,7 @@ import textwrap
 from collections.abc import Mapping
 
 from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 DRAFT_MODULE = "vllm.model_executor.models.llama_eagle3"
@@ -42,19 +42,6 @@ NESTED_READ = (
     (1, "if eagle_config and isinstance(eagle_config, dict):"),
     (2, f'layer_ids = eagle_config.get("{KEY}")'),
 )
-
-
-def reads_nested_key(tree: ast.AST) -> bool:
-    """Whether `tree` reads KEY from a mapping: `x.get(KEY...)` or `x[KEY]`."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-            first = node.args[0] if node.args else None
-            if isinstance(first, ast.Constant) and first.value == KEY:
-                return True
-        key = node.slice if isinstance(node, ast.Subscript) else None
-        if isinstance(key, ast.Constant) and key.value == KEY:
-            return True
-    return False
 
 
 class Shape:
@@ -108,7 +95,7 @@ class Eagle3NestedLayerIds(Fix):
             function = self.parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
-        if reads_nested_key(function):
+        if reads_key(function, KEY):
             return Probe(Decision.FIXED_UPSTREAM, f'the resolver reads `eagle_config["{KEY}"]`')
         shape = Shape(function)
         if shape.missing:
@@ -123,7 +110,7 @@ class Eagle3NestedLayerIds(Fix):
                 draft_tree = ast.parse(draft)
             except SyntaxError as error:
                 return Probe(Decision.UNKNOWN, f"{DRAFT_MODULE} could not be parsed: {error}")
-            if not reads_nested_key(draft_tree):
+            if not reads_key(draft_tree, KEY):
                 return Probe(
                     Decision.NOT_AFFECTED,
                     f'the EAGLE3 draft does not read `eagle_config["{KEY}"]` either: both runners and the'

@@ -22,7 +22,7 @@ import textwrap
 from collections.abc import Mapping
 
 from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 TOP_LEVEL = f'layer_ids = getattr(hf_config, "{KEY}", None)'
@@ -32,19 +32,6 @@ DFLASH_TEST = "dflash_config and isinstance(dflash_config, dict)"
 OVERWRITE = f'if eagle_config and isinstance(eagle_config, dict):\n    layer_ids = eagle_config.get("{KEY}")'
 KEPT = f'layer_ids = eagle_config.get("{KEY}") or layer_ids'
 TO_TUPLE = "if layer_ids and isinstance(layer_ids, (list, tuple)):\n    return tuple(layer_ids)"
-
-
-def _reads(tree: ast.AST, key: str) -> bool:
-    """Whether `tree` reads `key` from a mapping: `x.get(key...)` or `x[key]`."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
-            first = node.args[0] if node.args else None
-            if isinstance(first, ast.Constant) and first.value == key:
-                return True
-        index = node.slice if isinstance(node, ast.Subscript) else None
-        if isinstance(index, ast.Constant) and index.value == key:
-            return True
-    return False
 
 
 def _assigns_layer_ids(statement: ast.stmt) -> bool:
@@ -77,7 +64,7 @@ class Shape:
             if isinstance(statement, ast.If)
             and ast.dump(statement.test) == _test(DFLASH_TEST)
             and _assigns_layer_ids(statement)
-            and _reads(statement, "target_layer_ids")
+            and reads_key(statement, "target_layer_ids")
         ]
         overwrites = [index for index, statement in enumerate(inner) if same_code(statement, OVERWRITE)]
         if len(dflash) != 1:
@@ -128,7 +115,7 @@ class V1DflashLayerIds(Fix):
                 Decision.FIXED_UPSTREAM,
                 f'the resolver keeps the ids it has when `eagle_config` has no "{KEY}"',
             )
-        if not (_reads(function, KEY) and _reads(function, "target_layer_ids")):
+        if not (reads_key(function, KEY) and reads_key(function, "target_layer_ids")):
             return Probe(
                 Decision.NOT_AFFECTED,
                 f'the resolver does not read both DFlash\'s "target_layer_ids" and `eagle_config["{KEY}"]`:'
