@@ -103,7 +103,10 @@ def connector_saves(patched: bool, storage: str) -> dict[str, Any]:
         new = SimpleNamespace(req_id="req-0", sampling_params=None)
         connector.build_connector_meta(SimpleNamespace(scheduled_new_reqs=[new]))
         prompt = list(range(TOKENS))
-        request = SimpleNamespace(request_id="req-0", kv_transfer_params=None, prompt_token_ids=prompt)
+        # a finished request whose prefill completed, as vLLM's Request says it (num_computed_tokens)
+        request = SimpleNamespace(
+            request_id="req-0", kv_transfer_params=None, prompt_token_ids=prompt, num_computed_tokens=TOKENS
+        )
         _, params = connector.request_finished_all_groups(request, ([5, 6, 7], HS_BLOCKS))
         connector.bind_connector_metadata(
             connector.build_connector_meta(SimpleNamespace(scheduled_new_reqs=[]))
