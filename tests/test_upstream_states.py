@@ -4,10 +4,10 @@ oracles as the hotfix's, run by the same harness, with the patched vLLM files in
 The overlay (harness/upstream.py): the newest venv's vllm package as symlinks, the files the patches
 change copied and patched (the V3.2 series deepseek-v32-{final-layer,id0-copy,tp-sum}/0.32.0.patch,
 shared-capture-id0/0.34.0.patch, eagle3-nested-layer-ids/0.34.0.patch,
-extract-next-token/0.33.0.patch, v1-dflash-layer-ids/0.33.0.patch, pp-aux-layer-index/0.34.0.patch:
-all apply to 0.32.0), first on the child's PYTHONPATH; the repository is not on it, so vllm_hotfix
-cannot load. Stock is the same
-function from the venv's unpatched file, in the same process (harness/child/upstream_stock.py), as
+extract-next-token/0.33.0.patch, v1-dflash-layer-ids/0.33.0.patch, pp-aux-layer-index/0.34.0.patch,
+extract-dummy-run-slots/0.33.0.patch: all apply to 0.32.0), first on the child's PYTHONPATH; the
+repository is not on it, so vllm_hotfix cannot load. Stock is the same function from the venv's
+unpatched file, in the same process (harness/child/upstream_stock.py), as
 the hotfix's tests take stock from `__wrapped__`.
 
 - Each patch's own test (the file it adds to vLLM's tests/, run by harness/child/upstream_tests.py):
@@ -51,6 +51,7 @@ PATCHES = [
     UPSTREAM / "eagle3-nested-layer-ids" / "0.34.0.patch",
     UPSTREAM / "v1-dflash-layer-ids" / "0.33.0.patch",  # its hunk applies to 0.32.0's runner
     UPSTREAM / "pp-aux-layer-index" / "0.34.0.patch",
+    UPSTREAM / "extract-dummy-run-slots" / "0.33.0.patch",  # 0.33.0's proposer file is 0.32.0's
 ]
 VENDORS = ["nvidia", pytest.param("amd", marks=pytest.mark.long)]  # amd: 0.32.0's variant, CI time
 OWN_TESTS = {  # each patch's test file (under vLLM's tests/), and the tests in it that stock fails
@@ -72,6 +73,9 @@ OWN_TESTS = {  # each patch's test file (under vLLM's tests/), and the tests in 
     },
     "model_executor/test_pp_aux_hidden_state_index.py": {
         f"test_{model}_last_stage_uses_global_layer_ids" for model in ("minicpm", "step1", "afmoe", "apertus")
+    },
+    "v1/spec_decode/test_extract_hidden_states_dummy_run.py": {
+        "test_dummy_run_does_not_write_old_states_into_reused_slots"
     },
 }
 
