@@ -39,12 +39,13 @@ import time
 began = time.monotonic()
 import os, sys
 from pathlib import Path
-from vllm_hotfix.audit import files, job as audit
-from vllm_hotfix import own_engine
-from vllm_hotfix.verify import command
+from vllm_hotfix.audit import files
+from vllm_hotfix.commands import audit_job as audit
+from vllm_hotfix.commands import session
+from vllm_hotfix.commands import verify as command
 data, model, ids, flags = sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4:]
 prompts = [{"prompt_token_ids": files.token_ids(files.read_header(p))} for p in files.discover(Path(data))]
-engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
+engine = session.engine_args_from(session.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
 computed = audit.engine_ids(ids, int(config.hf_text_config.num_hidden_layers))  # as the audit asks
 engine.speculative_config = {
@@ -56,10 +57,10 @@ engine.enable_prefix_caching = False
 engine.enable_chunked_prefill = False
 command.no_cuda_graphs(engine)
 from vllm import SamplingParams
-llm = own_engine.start(engine)
+llm = session.start(engine)
 print(f"vLLM started in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 prefill = SamplingParams(max_tokens=1, temperature=0.0)
-from vllm_hotfix.verify import settings
+from vllm_hotfix.runtime import verify_settings as settings
 sizes = lambda prompt: len(prompt["prompt_token_ids"])
 for batch in audit.batches(prompts, sizes, settings.read().tokens):  # the audit's generate calls
     llm.generate(batch, prefill, use_tqdm=False)

@@ -30,10 +30,10 @@ LENGTHS, BATCHES = [16, 64, 256, 480], [1, 4]  # the command's default shape, in
 
 BASELINE = """
 import sys
-from vllm_hotfix import own_engine
-from vllm_hotfix.verify import command
+from vllm_hotfix.commands import session
+from vllm_hotfix.commands import verify as command
 model, flags = sys.argv[1], sys.argv[2:]
-engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
+engine = session.engine_args_from(session.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
 lengths, batches = [16, 64, 256, 480], [1, 4]  # LENGTHS, BATCHES
 plan = command.Plan("baseline", "", lengths, batches)
@@ -45,7 +45,7 @@ engine.speculative_config = {
 }
 command.no_cuda_graphs(engine)
 from vllm import SamplingParams
-llm = own_engine.start(engine)
+llm = session.start(engine)
 max_len = int(llm.llm_engine.model_config.max_model_len)
 plan.lengths = [n for n in plan.lengths if n + command.DECODE <= max_len]
 command.run_workload(llm, plan, llm.llm_engine.model_config.get_vocab_size(), SamplingParams)

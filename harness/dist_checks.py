@@ -32,7 +32,7 @@ NAME = "vllm-hotfix"
 PACKAGE = "vllm_hotfix"
 # Exactly these entry points, no more: vLLM finds the plugin by the group and the name.
 ENTRY_POINTS = {
-    "console_scripts": {"vllm-hotfix": "vllm_hotfix.cli:main"},
+    "console_scripts": {"vllm-hotfix": "vllm_hotfix.commands.cli:main"},
     "vllm.general_plugins": {"vllm_hotfix": "vllm_hotfix.plugin:register"},
 }
 REQUIRES_DIST = ["wrapt>=1.14"]

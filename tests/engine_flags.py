@@ -12,7 +12,7 @@ def refused_engine_flags() -> dict[str, Any]:
     refuse as a near miss of its own options (run in the test environment)."""
     from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
 
-    from vllm_hotfix import cli
+    from vllm_hotfix.commands import cli
 
     engine = EngineArgs.add_cli_args(FlexibleArgumentParser())
     flags = sorted({s for a in engine._actions for s in a.option_strings if s.startswith("--")})

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import precision
 from vllm_hotfix.audit import compare, files
+from vllm_hotfix.judging import precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -181,8 +181,8 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
     """The audit's judgement of files whose engine-side results say `statuses` (no engine)."""
     import argparse
 
-    from vllm_hotfix.audit.job import Audit
     from vllm_hotfix.audit.selection import Chosen
+    from vllm_hotfix.commands.audit_job import Audit
 
     data = tmp_path / "data"
     data.mkdir()
@@ -214,7 +214,7 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
 def test_no_file_is_ok_or_wrong_unless_the_check_passed(
     tmp_path: Path, check: str, statuses: list[str], verdict: str, code: int
 ) -> None:
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     audit = _audit_of(tmp_path, statuses)
     judged = Outcome(check, {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[check], "why", [], 0)
@@ -233,7 +233,7 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
 def test_a_file_never_recomputed_says_whether_the_run_ended_early(tmp_path: Path) -> None:
     """vLLM failing at start-up leaves every file without a result: its why must say so, not
     blame the file."""
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     audit = _audit_of(tmp_path, ["ok"])
     (Path(audit.out) / "0.json").unlink()

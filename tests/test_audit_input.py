@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from vllm_hotfix import cli, precision
 from vllm_hotfix.audit import bound, compare, files, merge, selection, verdict
-from vllm_hotfix.audit import command as audit_command
-from vllm_hotfix.audit import job as audit_job
-from vllm_hotfix.verify import command as verify_command
+from vllm_hotfix.commands import audit as audit_command
+from vllm_hotfix.commands import audit_job, cli
+from vllm_hotfix.commands import verify as verify_command
+from vllm_hotfix.judging import precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -432,7 +432,7 @@ def test_max_tokens_judges_the_first_k_rows_only(tmp_path: Path) -> None:
 # -- shards and their merge ---------------------------------------------------------------------
 def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: str) -> dict[str, Any]:
     """The document of one run (or shard) whose engine-side results say `statuses` per file name."""
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     chosen = selection.choose(args(tmp_path / "data", model, *more))
     out = tmp_path / f"out-{'-'.join(more)}"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO
-from vllm_hotfix import clean, codegen
+from vllm_hotfix.commands import clean
+from vllm_hotfix.runtime import codegen
 
 DAY = 86400
 OLD, RECENT = "deepseek_final_aux_0123456789abcdef.py", "cpu_sampler_fp64_gumbel_fedcba9876543210.py"

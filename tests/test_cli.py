@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO, outside_checkout
-from vllm_hotfix import cli, exit_codes
 from vllm_hotfix._version import describe
-from vllm_hotfix.cli_output import SCHEMA, SCHEMAS, Parser
+from vllm_hotfix.commands import cli
+from vllm_hotfix.commands.output import SCHEMA, SCHEMAS, Parser
+from vllm_hotfix.judging import exit_codes
 
 
 def run(*argv: str) -> int:
@@ -78,7 +79,7 @@ def test_install_site_hook_says_when_the_directory_is_not_on_sys_path(
 def test_a_file_it_did_not_write_is_an_error_not_a_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_hotfix.site_hook import PTH_NAME
+    from vllm_hotfix.runtime.site_hook import PTH_NAME
 
     (tmp_path / PTH_NAME).write_text("someone else's\n")
     assert run("install-site-hook", "--site-dir", str(tmp_path)) == exit_codes.ERROR
@@ -145,8 +146,7 @@ def test_a_bad_verify_setting_is_reported_at_import_the_same_way() -> None:
 def test_the_names_read_at_import_are_the_settings_modules() -> None:
     """__init__.py keeps copies, so that nothing is imported when none of them is set."""
     import vllm_hotfix
-    from vllm_hotfix import settings
-    from vllm_hotfix.verify import settings as verify_settings
+    from vllm_hotfix.runtime import settings, verify_settings
 
     assert vllm_hotfix._READ_AT_IMPORT == settings.READ_AT_IMPORT
     assert set(settings.READ_AT_IMPORT) == {*settings.SWITCHES, verify_settings.TOKENS_VAR}
@@ -193,7 +193,7 @@ def test_a_bad_verify_setting_is_a_usage_error_before_vllm(command: str, tmp_pat
 
 
 def test_a_hugging_face_id_is_left_to_vllm() -> None:
-    from vllm_hotfix.own_engine import model_path_problem
+    from vllm_hotfix.commands.session import model_path_problem
 
     assert model_path_problem("deepseek-ai/DeepSeek-V3") is None
     assert model_path_problem("/no/such/dir") == "MODEL /no/such/dir: no such checkpoint directory"

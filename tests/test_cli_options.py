@@ -20,8 +20,8 @@ from tests.in_subprocess import run_in_subprocess
 
 def parse(*argv: str) -> int:
     """The exit code of reading the command line (0: read, the command would run)."""
-    from vllm_hotfix import cli
-    from vllm_hotfix.cli_output import Parser
+    from vllm_hotfix.commands import cli
+    from vllm_hotfix.commands.output import Parser
 
     Parser.json_requested = False
     try:
@@ -91,11 +91,11 @@ def test_model_as_an_option_says_model_is_positional(
 def test_model_among_the_engine_arguments_is_a_usage_error_before_vllm(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_hotfix import cli, own_engine
-    from vllm_hotfix.cli_output import Parser
-    from vllm_hotfix.verify import command
+    from vllm_hotfix.commands import cli, session
+    from vllm_hotfix.commands import verify as command
+    from vllm_hotfix.commands.output import Parser
 
-    monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
+    monkeypatch.setattr(session, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     monkeypatch.setattr(Parser, "json_requested", False)
     args = cli.parse(["verify", "M", "--report-dir", str(tmp_path), "--", "--model", "X"])
     with pytest.raises(SystemExit) as stop:
@@ -105,7 +105,7 @@ def test_model_among_the_engine_arguments_is_a_usage_error_before_vllm(
 
 
 def test_engine_flags_go_to_vllm_with_or_without_the_separator() -> None:
-    from vllm_hotfix import cli
+    from vllm_hotfix.commands import cli
 
     flags = ["-tp", "2", "--ubatch-size", "2", "--load-format", "dummy", "--seed", "1", "-O3"]
     assert cli.parse(["verify", "M", *flags]).engine_args == flags

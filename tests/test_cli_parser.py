@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import cli, exit_codes
 from vllm_hotfix._version import describe
-from vllm_hotfix.cli_output import Parser
+from vllm_hotfix.commands import cli
+from vllm_hotfix.commands.output import Parser
+from vllm_hotfix.judging import exit_codes
 
 
 def run(*argv: str) -> int:

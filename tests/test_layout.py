@@ -24,7 +24,7 @@ plugin.register()
 import vllm
 from vllm.model_executor.models import deepseek_v2
 vllm_hotfix.status(); vllm_hotfix.remove(); vllm_hotfix.apply()
-from vllm_hotfix.cli import main
+from vllm_hotfix.commands.cli import main
 main(["status", "--json"])
 print(json.dumps(sorted(name for name in sys.modules if name.startswith(("vllm_hotfix", "harness")))))
 """
@@ -43,7 +43,9 @@ def test_the_runtime_path_never_imports_the_repositorys_tooling(stand_in: Path, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.splitlines()[-1])
-    assert {"vllm_hotfix.engine", "vllm_hotfix.patching", "vllm_hotfix.cli"} <= set(loaded), loaded
+    assert {"vllm_hotfix.runtime.arming", "vllm_hotfix.runtime.patching", "vllm_hotfix.commands.cli"} <= set(
+        loaded
+    ), loaded
     assert not [name for name in loaded if name.startswith("harness")], loaded  # on its sys.path
 
 
@@ -79,8 +81,8 @@ def test_the_package_never_imports_the_release_tooling_which_lives_in_harness() 
 
 def test_no_import_circles_in_the_package() -> None:
     """No two modules of the package import each other, directly or round a longer circle, counting
-    imports inside functions too (verify/checks.py and verify/reference.py once did). An edge
-    `from vllm_hotfix import settings` goes to that module, not to the package's __init__."""
+    imports inside functions too (check/checks.py and check/reference.py once did). An edge
+    `from vllm_hotfix.runtime import settings` goes to that module, not to the package's __init__."""
     package = REPO / "vllm_hotfix"
     modules = {
         ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path

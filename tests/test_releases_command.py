@@ -15,10 +15,10 @@ import pytest
 from harness import releases
 from harness.releases import command
 from harness.testenv import REPO
-from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import SCHEMA, Parser
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.commands.output import SCHEMA, Parser
 from vllm_hotfix.fixes import ALL_FIXES
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = ALL_FIXES[0].fix_id
 

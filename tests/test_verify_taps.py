@@ -1,4 +1,4 @@
-"""The taps of the check (vllm_hotfix/verify/taps.py) and its per-id judgement
+"""The taps of the check (vllm_hotfix/check/taps.py) and its per-id judgement
 (reference.py), in this process on a small torch model whose decoder layers have vLLM's
 `(positions, hidden_states, residual) -> (hidden_states, residual)` form and whose forward captures
 the aux states as vLLM's backbones do (`hidden_states + residual` before layer k; the final id
@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_hotfix.verify import outcome  # noqa: E402
-from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
-from vllm_hotfix.verify.checks import judge_step, record  # noqa: E402
+from vllm_hotfix.check import outcome  # noqa: E402
+from vllm_hotfix.check import taps as taps_mod  # noqa: E402
+from vllm_hotfix.check.checks import judge_step, record  # noqa: E402
 
 HIDDEN, TOKENS, LAYERS = 32, 10, 4
 IDS = [0, 1, 2, LAYERS]
@@ -230,7 +230,7 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
     tap seeing rows r * chunk ... of hidden_states and residual (padding rows zero, as
     sequence_parallel_chunk pads), while every rank's captured state is the whole, all-gathered."""
 
-    from vllm_hotfix.verify import checks, reference
+    from vllm_hotfix.check import checks, reference
 
     g = torch.Generator().manual_seed(tokens * 100 + rows)
     chunk = -(-rows // world)
@@ -273,7 +273,7 @@ def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
     rows as a TP=2 shard would have, but the same on every rank (no rank shards it): n/a, never
     compared as shards."""
 
-    from vllm_hotfix.verify import checks, reference
+    from vllm_hotfix.check import checks, reference
 
     tokens, world = 8, 2
     g = torch.Generator().manual_seed(3)
@@ -294,7 +294,7 @@ def compiled_first_in_a_fresh_process() -> dict:
     import torch
 
     from tests.test_verify_taps import IDS, LAYERS, TOKENS, Backbone, check_step
-    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.check import taps as taps_mod
 
     namespace, name = taps_mod.OP.split("::")
     model = Backbone()
@@ -357,7 +357,8 @@ def hooked(monkeypatch: pytest.MonkeyPatch, tmp_path):
     module is imported: `cls` (of a stand-in module) gets the check's set_aux_hidden_state_layers."""
     import types
 
-    from vllm_hotfix.verify import hook, settings
+    from vllm_hotfix.check import hook
+    from vllm_hotfix.runtime import verify_settings as settings
 
     monkeypatch.setenv(settings.RUN_ID_VAR, "run")
     monkeypatch.setenv(settings.REPORT_VAR, str(tmp_path))

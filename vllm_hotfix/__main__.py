@@ -2,6 +2,6 @@
 
 import sys
 
-from vllm_hotfix.cli import main
+from vllm_hotfix.commands.cli import main
 
 sys.exit(main())

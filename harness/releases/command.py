@@ -2,8 +2,8 @@
 with the package's probes. Maintainer tooling, not a command of the wheel: a user learns what their
 vLLM gets from `vllm-hotfix status`, and about other releases from the compatibility table.
 
-Exit codes and the `--json` document are those of the package's commands (vllm_hotfix/exit_codes.py,
-vllm_hotfix/cli_output.py): 0 ok, 2 a verdict or registry route is unknown, 3 PyPI's index could not
+Exit codes and the `--json` document are those of the package's commands (vllm_hotfix/judging/exit_codes.py,
+vllm_hotfix/commands/output.py): 0 ok, 2 a verdict or registry route is unknown, 3 PyPI's index could not
 be read, 4 usage error.
 """
 
@@ -15,9 +15,9 @@ import time
 from typing import NoReturn
 
 from harness import releases
-from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import Parser, print_document
-from vllm_hotfix.decisions import VERDICTS, Decision
+from vllm_hotfix.commands.output import Parser, print_document
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.decisions import VERDICTS, Decision
 
 PROG = "python -m harness.releases"
 COMMAND = "releases"  # the `command` of its --json documents

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hotfix import exit_codes
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.decisions import Decision
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "tests" / "sources"
@@ -169,7 +169,7 @@ def _run_url(environ: Mapping[str, str]) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_hotfix.cli_output import Parser
+    from vllm_hotfix.commands.output import Parser
 
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(

@@ -13,12 +13,13 @@ import json
 import sys
 from typing import Any
 
-from vllm_hotfix import cli_output, exit_codes
 from vllm_hotfix.audit import verdict as verdict_mod
-from vllm_hotfix.cli_output import Parser, UsageError, exit_usage
-from vllm_hotfix.errors import one_line
+from vllm_hotfix.commands import output
+from vllm_hotfix.commands.output import Parser, UsageError, exit_usage
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.errors import one_line
 
-SCHEMA = cli_output.SCHEMAS["audit"]  # 3: counts and per_id over the files; the files worth naming
+SCHEMA = output.SCHEMAS["audit"]  # 3: counts and per_id over the files; the files worth naming
 SAME = ("model", "ids", "precision")  # top-level keys every shard must share (precision: --tolerance)
 SAME_SELECTION = ("sample", "seed", "max_tokens", "world_size", "files_in_data")
 
@@ -92,7 +93,7 @@ def merge(given: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         "missing_ranks": missing,
     }
     notes = sorted({note for d in documents.values() for note in d.get("notes") or []})
-    return cli_output.document(
+    return output.document(
         "audit-merge",
         code,
         reason,

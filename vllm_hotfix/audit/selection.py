@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_hotfix.audit import files as files_mod
-from vllm_hotfix.cli_output import UsageError, in_vllm_order
-from vllm_hotfix.verify import command as verify_command
+from vllm_hotfix.commands import verify as verify_command
+from vllm_hotfix.commands.output import UsageError, in_vllm_order
 
 DEFAULT_SAMPLE = 32
 

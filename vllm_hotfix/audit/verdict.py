@@ -13,8 +13,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix import cli_output, exit_codes
 from vllm_hotfix.audit import bound
+from vllm_hotfix.commands import output
+from vllm_hotfix.judging import exit_codes
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 STATUSES = ("ok", "wrong", "n/a")
@@ -108,4 +109,4 @@ def text_lines(document: dict[str, Any]) -> list[str]:
 def failure(args: argparse.Namespace, reason: str, command: str = "audit") -> dict[str, Any]:
     """The document of a run that failed in the command itself: exit 3."""
     data, model = getattr(args, "data", None), getattr(args, "model", None)
-    return cli_output.document(command, exit_codes.ERROR, reason, data=data, model=model, files=[])
+    return output.document(command, exit_codes.ERROR, reason, data=data, model=model, files=[])

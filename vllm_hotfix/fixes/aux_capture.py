@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.runtime.decisions import Decision
 
 FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
 

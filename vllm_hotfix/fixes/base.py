@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.runtime.decisions import Decision
 
 
 @dataclass(frozen=True)

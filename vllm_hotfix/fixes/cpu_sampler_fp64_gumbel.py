@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 FLAG = "USE_FP64_GUMBEL"
 CALLER = "vllm.v1.sample.rejection_sampler"

@@ -45,9 +45,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 INIT = "aux_hidden_states = []"
 LOOP_TEST = "idx in self.aux_hidden_state_layers"

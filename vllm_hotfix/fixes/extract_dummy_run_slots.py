@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 MODULE = "vllm.v1.spec_decode.extract_hidden_states"
 OWNER = "ExtractHiddenStatesProposer"

@@ -27,8 +27,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("self", "sampled_token_ids", "requests", "gpu_input_batch", "discard_request_mask")
 # 0.17.0-0.18.1 also take the step's attention metadata (for the backup tokens) first.

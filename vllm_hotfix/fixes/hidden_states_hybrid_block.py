@@ -26,8 +26,8 @@ import itertools
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 BUGGY = "self._block_size = vllm_config.cache_config.block_size"
 # 0.24.0 finds the hidden-states KV-cache group (by its layer's name): `_hs_group_idx` starts at 0 and

@@ -19,8 +19,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("to_cache", "kv_cache", "slot_mapping")
 BLOCK_SIZE = "block_size = kv_cache.shape[1]"

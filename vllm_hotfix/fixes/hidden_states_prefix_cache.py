@@ -22,8 +22,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 CONNECTOR = "ExampleHiddenStatesConnector"

@@ -51,8 +51,8 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 CAPTURE = "self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)"
 LAYER_CALL = "hidden_states, residual = layer(positions, hidden_states, residual)"

@@ -28,8 +28,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 STAGE_LAYERS = (
     "islice(self.layers, self.start_layer, self.end_layer)",

@@ -26,8 +26,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 MEMBERSHIP = "layer_idx in self.aux_hidden_state_layers"
 VALUE = "value = hidden_states + residual if residual is not None else hidden_states"

@@ -21,8 +21,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 TOP_LEVEL = f'layer_ids = getattr(hf_config, "{KEY}", None)'

@@ -2,7 +2,7 @@
 runner) unless strict mode (VLLMHOTFIX_STRICT) asks for it.
 
 A leaf module: it imports nothing from the package, so deciding whether an error may reach the
-host cannot fail because another module is broken (settings.py, which parses the switches fully,
+host cannot fail because another module is broken (runtime/settings.py, which parses the switches fully,
 may be the very module that is).
 """
 

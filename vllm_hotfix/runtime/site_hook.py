@@ -14,7 +14,7 @@ import site
 import sysconfig
 
 from vllm_hotfix._version import __version__
-from vllm_hotfix.settings import DISABLE_VAR, TRUE_WORDS
+from vllm_hotfix.runtime.settings import DISABLE_VAR, TRUE_WORDS
 
 PTH_NAME = "vllm_hotfix_site_hook.pth"
 MARKER = "# vllm-hotfix site hook"

@@ -3,7 +3,7 @@ relative-difference statistic both use, the check's tolerances, and the audit's 
 
 The statistic, per token: ||a - b|| over the larger of the two rows' norms (0 where they are equal,
 1 for a zero row against a real one, never infinity). The check applies it to fingerprints (the
-rows projected on a few fixed directions, verify/reference.py), the audit to the states themselves.
+rows projected on a few fixed directions, check/reference.py), the audit to the states themselves.
 
 The check's tolerance: CHECK_TOLERANCE_16BIT for 16-bit states (about five bfloat16 rounding steps;
 a tensor-parallel group's states agree to a few rounding steps where kernels reduce in another

@@ -23,7 +23,7 @@ FORCE_VAR = "VLLMHOTFIX_FORCE"
 # The switches read_settings() parses.
 SWITCHES = (DISABLE_VAR, STRICT_VAR, FORCE_VAR)
 # What `import vllm_hotfix` reads when one of them is set: the switches and the check's token bound
-# (verify/settings.py's TOKENS_VAR); vllm_hotfix/__init__.py keeps a copy (tests/test_cli.py).
+# (runtime/verify_settings.py's TOKENS_VAR); vllm_hotfix/__init__.py keeps a copy (tests/test_cli.py).
 READ_AT_IMPORT = (*SWITCHES, "VLLMHOTFIX_VERIFY_TOKENS")
 CACHE_DIR_VAR = "VLLMHOTFIX_CACHE_DIR"
 
@@ -121,7 +121,7 @@ def check_at_import() -> None:
     of the model's module: raised here, vLLM's plugin loader would swallow the error and run vLLM
     unpatched, the opposite of strict."""
     from vllm_hotfix.fixes import FIX_IDS
-    from vllm_hotfix.verify import settings as verify_settings
+    from vllm_hotfix.runtime import verify_settings
 
     problems = [*read_settings(FIX_IDS).problems, verify_settings.read().problem]
     for problem in filter(None, problems):  # vLLM's log says the switches' again, once, as ERRORs

@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hotfix.verify import checks as checks_mod
-from vllm_hotfix.verify import outcome
+from vllm_hotfix.check import checks as checks_mod
+from vllm_hotfix.check import outcome
 
 _STEP = re.compile(r"step-(\d+)\.pt$")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix.precision import relative_difference
+from vllm_hotfix.judging.precision import relative_difference
 
 # Fingerprint: each token's state projected on K = 8 fixed random directions (N(0, 1/hidden)
 # entries): a real difference orthogonal to all of them is negligibly likely. Each row is compared

@@ -1,10 +1,10 @@
-"""Arm the fixes, and per fix and per process: have it decided (decide.py), patched or unpatched
-(patching.py), and record and log what happened: one `Record`, built once the patch is made.
+"""Arm the fixes, and per fix and per process: have it decided (runtime/decide.py), patched or unpatched
+(runtime/patching.py), and record and log what happened: one `Record`, built once the patch is made.
 
 Everything a fix needs is decided at patch time, once per process: the installed function then
 runs with no checks, logging or other Python side effects (it is traced by torch.compile).
 No exception leaves this module into vLLM's import or start-up unless strict mode asks for it
-(containment.py).
+(runtime/containment.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import types
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_hotfix import containment, patching
-from vllm_hotfix import settings as settings_mod
-from vllm_hotfix.decide import Plan, decide
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.errors import HotfixError
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
-from vllm_hotfix.vllm_version import loaded_vllm_version
+from vllm_hotfix.runtime import containment, patching
+from vllm_hotfix.runtime import settings as settings_mod
+from vllm_hotfix.runtime.decide import Plan, decide
+from vllm_hotfix.runtime.decisions import Decision
+from vllm_hotfix.runtime.errors import HotfixError
+from vllm_hotfix.runtime.vllm_version import loaded_vllm_version
 
 logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's handler shows it
 
@@ -95,7 +95,7 @@ def _on_import(fix: Fix, module: types.ModuleType, late: bool = False) -> None:
     """wrapt post-import hook: runs when vLLM imports the fix's module (or at once if it was).
 
     It runs inside vLLM's import of that module, so nothing escapes it unless strict mode asks:
-    HotfixError is raised only in strict mode, and any other error is contained (containment.py).
+    HotfixError is raised only in strict mode, and any other error is contained (runtime/containment.py).
     """
     error = containment.contain(
         f"fix {fix.fix_id} not decided", lambda: _decide_now(fix, module, late), (HotfixError,)

@@ -2,7 +2,7 @@
 
 Each combination of vLLM install, fix and hotfix version writes its own generated source (named by
 its content hash) and nothing else ever removes one, so they accumulate. A file is used when a
-process writes it or finds it and reuses it (which sets its modification time to now, store.py),
+process writes it or finds it and reuses it (which sets its modification time to now, runtime/store.py),
 so its age says when a process last started with it. `clean()` removes, from this user's places
 for generated sources (`patching.generated_dirs()`: the same VLLMHOTFIX_CACHE_DIR, XDG_CACHE_HOME
 and TMPDIR as the vLLM processes give the same places), the files older than a number of days,
@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from vllm_hotfix import codegen, patching, store
+from vllm_hotfix.runtime import codegen, patching, store
 
 DEFAULT_DAYS = 30.0
 DAY_S = 86400

@@ -2,7 +2,7 @@
 audit of a dataset of aux states already made (audit), the site hook's install and removal, and the
 cleaning of generated sources.
 
-Exit codes (vllm_hotfix/exit_codes.py, the same for every command): 0 ok, 1 wrong, 2 not
+Exit codes (vllm_hotfix/judging/exit_codes.py, the same for every command): 0 ok, 1 wrong, 2 not
 everything could be checked or decided, 3 the command or vLLM failed, 4 usage error.
 """
 
@@ -18,15 +18,16 @@ import sys
 import traceback
 from typing import Any, TextIO
 
-from vllm_hotfix import exit_codes, site_hook
-from vllm_hotfix.cli_output import Parser, UsageError, exit_usage, print_document
-from vllm_hotfix.errors import one_line
+from vllm_hotfix.commands.output import Parser, UsageError, exit_usage, print_document
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime import site_hook
+from vllm_hotfix.runtime.errors import one_line
 
 
 def _status(args: argparse.Namespace) -> int:
-    from vllm_hotfix import report
-    from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES
+    from vllm_hotfix.runtime import status as report
+    from vllm_hotfix.runtime.decisions import Decision
 
     if not report.vllm_found():
         return _say_status(args, exit_codes.INCOMPLETE, report.no_vllm())
@@ -87,7 +88,7 @@ def _import_vllm() -> str | None:
 def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
     """vLLM missing or broken: one line, or under --json the status document with it as `reason`."""
     if args.json:
-        from vllm_hotfix import report
+        from vllm_hotfix.runtime import status as report
 
         print_document("status", code, line, **report.process_status())
     else:
@@ -149,7 +150,7 @@ def _uninstall(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from vllm_hotfix import clean
+    from vllm_hotfix.commands import clean
 
     done = clean.clean(None if args.all else args.days, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
@@ -216,7 +217,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_hotfix.decisions import PROBLEMS, Decision
+    from vllm_hotfix.runtime.decisions import PROBLEMS, Decision
 
     problems = " or ".join(f"'{decision.value}'" for decision in Decision if decision in PROBLEMS)
     parser = Parser(
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.set_defaults(run=_status)
 
-    from vllm_hotfix.clean import DEFAULT_DAYS
+    from vllm_hotfix.commands.clean import DEFAULT_DAYS
 
     clean_cmd = commands.add_parser(
         "clean",
@@ -268,10 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
     clean_cmd.add_argument("--json", action="store_true", help=JSON_HELP)
     clean_cmd.set_defaults(run=_clean)
 
-    from vllm_hotfix.verify import command as verify_command
+    from vllm_hotfix.commands import verify as verify_command
 
     verify_command.add_parser(commands)
-    from vllm_hotfix.audit import command as audit_command
+    from vllm_hotfix.commands import audit as audit_command
 
     audit_command.add_parser(commands)
     from vllm_hotfix.audit import merge as audit_merge

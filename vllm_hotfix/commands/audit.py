@@ -1,6 +1,6 @@
 """`vllm-hotfix audit DATA MODEL --ids IDS [--sample N | --all] [--max-tokens K] [--world-size W
 --rank R] [-- ENGINE ARGS]`: the files chosen and read before vLLM (selection.py), then the
-pre-flight check's run (verify/command.py) with the audit's job on it (job.py); the verdict and the
+pre-flight check's run (commands/verify.py) with the audit's job on it (job.py); the verdict and the
 estimate for the whole dataset from verdict.py, the rule merge.py applies to shards' documents too.
 
 Exit codes: 0 every audited file ok, 1 some file wrong, 2 not everything could be audited (a file
@@ -15,13 +15,14 @@ import sys
 import traceback
 from typing import Any
 
-from vllm_hotfix import exit_codes, own_engine
 from vllm_hotfix.audit import verdict as verdict_mod
-from vllm_hotfix.audit.job import Audit
 from vllm_hotfix.audit.selection import DEFAULT_SAMPLE, Chosen, choose
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage
-from vllm_hotfix.errors import one_line
-from vllm_hotfix.verify import command as verify_command
+from vllm_hotfix.commands import session
+from vllm_hotfix.commands import verify as verify_command
+from vllm_hotfix.commands.audit_job import Audit
+from vllm_hotfix.commands.output import Parser, UsageError, aux_ids, exit_usage
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime.errors import one_line
 
 
 def _sample(text: str) -> int:
@@ -60,8 +61,8 @@ def _tolerance(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     try:  # before DATA is read: its reader comes with vLLM, and no file is worth a line without it
-        own_engine.need_vllm("audit")
-    except own_engine.NoVllm as missing:
+        session.need_vllm("audit")
+    except session.NoVllm as missing:
         print(
             json.dumps(verdict_mod.failure(args, str(missing)), indent=2) if args.json else missing,
             flush=True,
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return _without_engine(args, chosen)
     args.engine_args = list(args.engine_args)
     args.ids = chosen.ids  # the check's run works in vLLM's order too; the audit's note says it
-    return verify_command.run_with(verify_command.Run(args, own_engine.keep_stdout(), Audit(args, chosen)))
+    return verify_command.run_with(verify_command.Run(args, session.keep_stdout(), Audit(args, chosen)))
 
 
 def add_parser(commands: Any) -> None:
@@ -154,7 +155,5 @@ def add_parser(commands: Any) -> None:
         help="the largest per-token relative difference of a right state, for every file and id,"
         " no token over it allowed (default: the precision rule, by each file's dtype and the engine's)",
     )
-    own_engine.add_options(
-        audit, "where the engine's processes write their records and results (not in DATA)"
-    )
+    session.add_options(audit, "where the engine's processes write their records and results (not in DATA)")
     audit.set_defaults(run=run, engine_args=[], prompt_lengths=None, batch_sizes=None)

@@ -1,4 +1,4 @@
-"""The audit's job on the pre-flight check's run (verify/command.py's Run and Job): the engine is
+"""The audit's job on the pre-flight check's run (commands/verify.py's Run and Job): the engine is
 started with the user's flags and computes the files' ids and each one's neighbours (an id off by
 one shows as such); the files' tokens (their first K with --max-tokens) are its prompts, prefill
 only, without prefix caching or chunked prefill so that each prompt is whole in one forward, in
@@ -19,16 +19,17 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from vllm_hotfix import cli_output, exit_codes, own_engine, precision
 from vllm_hotfix.audit import files as files_mod
 from vllm_hotfix.audit import verdict as verdict_mod
 from vllm_hotfix.audit.results import Results
 from vllm_hotfix.audit.selection import Chosen, unfit
 from vllm_hotfix.audit.worker import MANIFEST_VAR
-from vllm_hotfix.errors import one_line
-from vllm_hotfix.verify import command as verify_command
-from vllm_hotfix.verify import outcome as outcome_mod
-from vllm_hotfix.verify import settings as verify_settings
+from vllm_hotfix.check import outcome as outcome_mod
+from vllm_hotfix.commands import output, session
+from vllm_hotfix.commands import verify as verify_command
+from vllm_hotfix.judging import exit_codes, precision
+from vllm_hotfix.runtime import verify_settings
+from vllm_hotfix.runtime.errors import one_line
 
 PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class Audit:
     def adjust_engine(self, run: verify_command.Run, engine: Any, config: Any) -> None:
         assert run.plan is not None
         if run.plan.ids is None:
-            raise own_engine.CommandError(
+            raise session.CommandError(
                 "the audit runs extract_hidden_states with --ids itself: leave --speculative-config out"
             )
         self._fit_hidden_size(int(getattr(config.hf_text_config, "hidden_size", 0) or 0) or None)
@@ -113,7 +114,7 @@ class Audit:
                 kept.append(found)
         self.chosen.audited = kept
         if not kept:
-            raise own_engine.CommandError("no chosen file fits the model: " + str(self.chosen.na[0].na))
+            raise session.CommandError("no chosen file fits the model: " + str(self.chosen.na[0].na))
 
     def _write_manifest(self, entries: list[dict[str, Any]]) -> None:
         """The files of the next generate call, for the worker (worker.py reads it again when it
@@ -278,7 +279,7 @@ class Audit:
         per_id = self.results.per_id_summary()
         said = [note for note in (chosen.ids_note, self._coverage_note()) if note]
         notes = said + notes + moe_notes(per_id)
-        return cli_output.document(
+        return output.document(
             "audit",
             code,
             reason,
@@ -330,7 +331,7 @@ def moe_notes(per_id: list[dict[str, Any]]) -> list[str]:
     return [
         f"id {e['id']}: {e['files_with_tokens_over']} ok files have tokens over the tolerance (at"
         f" most {e['most_tokens_over']['tokens']} of {e['most_tokens_over']['of']}), within what a"
-        " MoE model's routing may move (precision.py)"
+        " MoE model's routing may move (judging/precision.py)"
         for e in per_id
         if e["files_with_tokens_over"]
     ]

@@ -15,10 +15,10 @@ import tempfile
 import types
 from dataclasses import dataclass
 
-from vllm_hotfix import codegen, store
-from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__
 from vllm_hotfix.fixes import Fix
+from vllm_hotfix.runtime import codegen, store
+from vllm_hotfix.runtime import settings as settings_mod
 
 
 @dataclass

@@ -16,9 +16,8 @@ import threading
 import types
 from typing import Any
 
-from vllm_hotfix import containment
-from vllm_hotfix.verify import runtime
-from vllm_hotfix.verify import settings as verify_settings
+from vllm_hotfix.judging import engine_facts as runtime
+from vllm_hotfix.runtime import containment, verify_settings
 
 SETTER = "set_aux_hidden_state_layers"
 _lock = threading.Lock()
@@ -34,7 +33,7 @@ def arm() -> None:
         _armed["done"] = True
     import wrapt
 
-    from vllm_hotfix.verify import inductor_order
+    from vllm_hotfix.check import inductor_order
 
     module_name, _, class_name = str(found.model).partition(":")
     wrapt.register_post_import_hook(lambda module: _on_import(module, class_name), module_name)
@@ -70,7 +69,7 @@ class Recorder:
     """The hooks on one target model and what they write: facts once, a record per forward."""
 
     def __init__(self, model: Any, ids: list[int]) -> None:
-        from vllm_hotfix.verify import taps as taps_mod
+        from vllm_hotfix.check import taps as taps_mod
 
         found = verify_settings.read()
         self.ids = ids
@@ -127,7 +126,7 @@ class Recorder:
     def write(self, hidden_states: Any, aux: Any) -> None:
         import torch
 
-        from vllm_hotfix.verify import checks
+        from vllm_hotfix.check import checks
 
         if self.hidden_size is None:
             unreadable = {"stage": "step", "message": "the model's hidden size is not readable"}
@@ -139,7 +138,7 @@ class Recorder:
         torch.save(found, f"{path}.tmp")
         os.replace(f"{path}.tmp", path)
         if self.steps == 1:  # the fixes have decided by now, and inductor has scheduled
-            from vllm_hotfix.verify import inductor_order
+            from vllm_hotfix.check import inductor_order
 
             said = None if self.holder is None else hint(type(self.holder))
             self.facts.update(hint=said, inductor_order=dict(inductor_order.outcome) or None)
@@ -150,8 +149,8 @@ def hint(model_class: type) -> str:
     """What to do after a FAIL: the fix that covers the module of `model_class` (the one holding
     the aux ids), or one whose owner it inherits the method from (vLLM's shared capture helper in
     Llama's, Qwen's, gpt-oss's backbone), with its decision in this process; or how to report it."""
-    from vllm_hotfix import engine
     from vllm_hotfix.fixes import ALL_FIXES
+    from vllm_hotfix.runtime import arming
 
     report = "please report it to vllm-hotfix's maintainers with this output and `vllm-hotfix status --json`"
     for fix in ALL_FIXES:
@@ -159,7 +158,7 @@ def hint(model_class: type) -> str:
         inherits = (owner.__module__, owner.__name__) == (fix.module, getattr(fix, "owner", None))
         if fix.module != model_class.__module__ and not inherits:
             continue
-        decision = getattr(getattr(engine.records().get(fix.fix_id), "decision", None), "value", "pending")
+        decision = getattr(getattr(arming.records().get(fix.fix_id), "decision", None), "value", "pending")
         if decision == "patched":
             return f"fix {fix.fix_id} is applied here and the states are still wrong: not covered; {report}"
         return (

@@ -45,7 +45,7 @@ def _tap(
     hidden = hidden.flatten(0, -2)  # a Hugging Face layer's [1, tokens, hidden] (the transformers backend)
     residual = None if residual is None else residual.flatten(0, -2)
     rows = min(int(hidden.shape[0]), int(fp_hidden.shape[1]))
-    from vllm_hotfix.verify.reference import project
+    from vllm_hotfix.check.reference import project
 
     project(hidden[:rows], proj, fp_hidden[site, :rows])
     if residual is None:
@@ -79,7 +79,7 @@ class Taps:
     ) -> None:
         import torch
 
-        from vllm_hotfix.verify.reference import K, projection
+        from vllm_hotfix.check.reference import K, projection
 
         device = next((p.device for p in holder.parameters()), torch.device("cpu"))
         self.op = tap_op()  # before any trace: Dynamo refuses to register it inside one

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
-from vllm_hotfix import exit_codes
+from vllm_hotfix.judging import exit_codes
 
 SCHEMA = 1  # the schema of status, clean and the site hook's commands
 # each command's schema where it has its own: verify 5 (a rank's `tokens` and `checked_tokens` are
@@ -49,7 +49,7 @@ def print_document(
     command: str, exit_code: int, reason: str, stream: TextIO | None = None, **fields: Any
 ) -> None:
     """The document on stdout, or on `stream`: the stdout verify and audit kept where vLLM's log
-    took fd 1 (own_engine.keep_stdout)."""
+    took fd 1 (session.keep_stdout)."""
     text = json.dumps(document(command, exit_code, reason, **fields), indent=2)
     print(text, file=stream or sys.stdout, flush=True)
 

@@ -1,7 +1,7 @@
 """`vllm-hotfix verify MODEL [OPTIONS] [-- ENGINE ARGS]`: start an engine of its own with the
 user's flags (the installed vLLM's own parser), compiled, CUDA graphs off through its public config;
 run a bounded workload and judge every forward of it from the ranks' records (outcome.py). Exit
-codes: exit_codes.py. Only the verdict goes to stdout; vLLM's log goes to stderr.
+codes: judging/exit_codes.py. Only the verdict goes to stdout; vLLM's log goes to stderr.
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from vllm_hotfix import cli_output, exit_codes, own_engine
-from vllm_hotfix.cli_output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order, numbers
-from vllm_hotfix.errors import one_line
-from vllm_hotfix.own_engine import CommandError, writable
-from vllm_hotfix.verify import inductor_order, runtime
-from vllm_hotfix.verify import outcome as outcome_mod
-from vllm_hotfix.verify import records as records_mod
-from vllm_hotfix.verify import settings as verify_settings
+from vllm_hotfix.check import inductor_order
+from vllm_hotfix.check import outcome as outcome_mod
+from vllm_hotfix.check import records as records_mod
+from vllm_hotfix.commands import output, session
+from vllm_hotfix.commands.output import Parser, UsageError, aux_ids, exit_usage, in_vllm_order, numbers
+from vllm_hotfix.commands.session import CommandError, writable
+from vllm_hotfix.judging import engine_facts as runtime
+from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.runtime import verify_settings
+from vllm_hotfix.runtime.errors import one_line
 
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
 DEFAULT_LENGTHS = (16, 64, 512, 2048)  # long prefills can take other kernel paths than short prompts
 DEFAULT_BATCHES = (1, 4)
-SCHEMA = cli_output.SCHEMAS["verify"]  # 4: a per-id status is ok, wrong or n/a; 5: tokens as totals
+SCHEMA = output.SCHEMAS["verify"]  # 4: a per-id status is ok, wrong or n/a; 5: tokens as totals
 PLAN_KEYS = ("run_id", "method", "ids", "model_class", "compilation", "load_format", "report_dir")  # document
 VERDICT_FILE = "verdict.json"  # the --json document, kept beside the run's records in --report-dir
 DUMMY_CAVEAT = (
@@ -142,7 +144,7 @@ class Plan:
 
 class Job(Protocol):
     """What a command runs on the check's engine: verify's bounded workload (Check) or the audit's
-    files (audit/command.py). Run owns the engine, the watchdog and the one end, and calls these."""
+    files (commands/audit.py). Run owns the engine, the watchdog and the one end, and calls these."""
 
     command: str  # the command a usage error names
     remove_records: bool  # each record once judged: verify keeps them, the audit's forwards are many
@@ -214,7 +216,7 @@ class Run:
         Called once (the watchdog may race the main thread)."""
         if not self.lock.acquire(blocking=False):
             time.sleep(3600)  # the other thread is ending the process
-        own_engine.stop(self.llm, forced=timed_out or self.llm is None)
+        session.stop(self.llm, forced=timed_out or self.llm is None)
         plan, ignored = self.plan, 0
         reports: list[dict[str, Any]] = []
         if plan is not None:
@@ -256,13 +258,13 @@ class Run:
     # -- the run -------------------------------------------------------------------------------
     def prepare(self) -> Plan:
         args = self.args
-        problem = usage_problem(args.model) or own_engine.model_flag_problem(list(args.engine_args))
+        problem = usage_problem(args.model) or session.model_flag_problem(list(args.engine_args))
         if problem:
             raise UsageError(problem)
         report_dir = args.report_dir
         if report_dir:
             writable(report_dir)
-        own_engine.need_vllm(getattr(args, "command", None) or "verify")  # the command line is right
+        session.need_vllm(getattr(args, "command", None) or "verify")  # the command line is right
         if not report_dir:
             report_dir = self.own_dir = tempfile.mkdtemp(prefix="vllm-hotfix-verify-")
         lengths = sorted(set(args.prompt_lengths or DEFAULT_LENGTHS))
@@ -277,15 +279,15 @@ class Run:
         self.job.before_vllm(self)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
-        namespace = own_engine.parse_engine_args(args.model, given)
+        namespace = session.parse_engine_args(args.model, given)
         sizes = (
             int(getattr(namespace, f"{n}_parallel_size", 1) or 1) for n in ("tensor", "pipeline", "data")
         )
         plan.world = outcome_mod.World(*sizes)
         plan.load_format = str(getattr(namespace, "load_format", None) or "") or None
-        engine = own_engine.engine_args_from(namespace, given)
+        engine = session.engine_args_from(namespace, given)
         self.phase = "reading the model's config"
-        config = own_engine.vllm_checks(args.model, given, engine.create_model_config)
+        config = session.vllm_checks(args.model, given, engine.create_model_config)
         own = engine.speculative_config
         if own:
             if args.ids:
@@ -313,7 +315,7 @@ class Run:
         self.phase = "resolving the model class"
         plan.model_class = model_class(config)
         os.environ[verify_settings.MODEL_VAR] = plan.model_class
-        from vllm_hotfix.verify import hook
+        from vllm_hotfix.check import hook
 
         hook.arm()  # this process too: an engine vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         self.engine = engine
@@ -322,7 +324,7 @@ class Run:
     def main(self) -> None:
         args = self.args
         plan = self.prepare()
-        if not own_engine.plugin_reachable():
+        if not session.plugin_reachable():
             _say(
                 "WARNING: vLLM's worker processes will not load vllm-hotfix (no `vllm.general_plugins`"
                 " entry point of vllm_hotfix, or VLLM_PLUGINS filters it out, and no site hook): the"
@@ -340,7 +342,7 @@ class Run:
         from vllm import SamplingParams
 
         try:
-            self.llm = own_engine.start(self.engine)
+            self.llm = session.start(self.engine)
             plan.compilation = runtime.compilation(self.llm.llm_engine.vllm_config)
             model_config = self.llm.llm_engine.model_config
             vocab, max_len = model_config.get_vocab_size(), int(model_config.max_model_len)
@@ -393,7 +395,7 @@ def check_document(run: Run, judged: outcome_mod.Outcome, timed_out: bool) -> di
         "batch_sizes": plan.batches,
         "decode_tokens": DECODE,
     }
-    return cli_output.document(
+    return output.document(
         "verify",
         judged.exit_code,
         judged.reason,
@@ -459,7 +461,7 @@ def model_class(config: Any) -> str:
 def usage_problem(model: str) -> str | None:
     """What refuses a run before vLLM is imported: MODEL's path, or a bad VLLMHOTFIX_VERIFY_TOKENS,
     which the engine's workers would otherwise replace by its default without a word."""
-    return own_engine.model_path_problem(model) or verify_settings.read().problem
+    return session.model_path_problem(model) or verify_settings.read().problem
 
 
 def no_cuda_graphs(engine: Any) -> None:
@@ -501,7 +503,7 @@ def keyed_compile_cache() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return run_with(Run(args, own_engine.keep_stdout(), Check()))
+    return run_with(Run(args, session.keep_stdout(), Check()))
 
 
 def run_with(runner: Run) -> int:
@@ -515,7 +517,7 @@ def run_with(runner: Run) -> int:
         runner.main()
     except UsageError as error:
         _usage_exit(str(error), command=runner.job.command, stream=runner.stdout)
-    except own_engine.NoVllm as missing:  # one line (under --json the document, with it as reason)
+    except session.NoVllm as missing:  # one line (under --json the document, with it as reason)
         if args.json:
             runner.finish(str(missing))
         print(missing, file=runner.stdout, flush=True)
@@ -572,7 +574,7 @@ def add_parser(commands: Any) -> None:
         type=numbers("batch sizes", 1),
         help="prompts per generate call, each length in each (default 1,4)",
     )
-    own_engine.add_options(
+    session.add_options(
         verify,
         "where the engine's processes write their records (a directory per run id); on storage every"
         " node sees in multi-node runs (default: a new temporary directory, removed at the end)",

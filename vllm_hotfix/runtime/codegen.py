@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_hotfix import store
 from vllm_hotfix._version import __version__
+from vllm_hotfix.runtime import store
 
 GENERATED_PREFIX = "vllm_hotfix_generated_"
 BINDER = "_vllm_hotfix_bind"  # the factory that closes the generated function over its bindings

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_hotfix.errors import one_line
+from vllm_hotfix.runtime.errors import one_line
 
 
 def ranks() -> dict[str, int]:

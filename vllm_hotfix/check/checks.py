@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_hotfix.errors import one_line
-from vllm_hotfix.precision import CHECK_TOLERANCE_32BIT, check_tolerance, relative_difference
-from vllm_hotfix.verify import reference
-from vllm_hotfix.verify.reference import K, project, projection
+from vllm_hotfix.check import reference
+from vllm_hotfix.check.reference import K, project, projection
+from vllm_hotfix.judging.precision import CHECK_TOLERANCE_32BIT, check_tolerance, relative_difference
+from vllm_hotfix.runtime.errors import one_line
 
 
 @dataclass

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO, cast
 
-from vllm_hotfix.cli_output import UsageError, seconds
-from vllm_hotfix.errors import one_line
+from vllm_hotfix.commands.output import UsageError, seconds
+from vllm_hotfix.runtime.errors import one_line
 
 DEFAULT_TIMEOUT = 3600.0  # s: a tiny model takes 1-2 min on CPU; a large one's load and cold compile tens
 
@@ -66,7 +66,7 @@ def plugin_reachable() -> bool:
     out by VLLM_PLUGINS, or its site hook."""
     from importlib.metadata import entry_points
 
-    from vllm_hotfix import site_hook
+    from vllm_hotfix.runtime import site_hook
 
     names = {entry.value for entry in entry_points(group="vllm.general_plugins")}
     allowed = os.environ.get("VLLM_PLUGINS")
@@ -83,7 +83,7 @@ class NoVllm(CommandError):
 def need_vllm(command: str) -> None:
     """NoVllm unless this Python finds vLLM; checked once the command line is known to be right,
     before anything else the command does."""
-    from vllm_hotfix import report
+    from vllm_hotfix.runtime import status as report
 
     if not report.vllm_found():
         raise NoVllm(report.no_vllm(command))

@@ -16,8 +16,8 @@ import sys
 import types
 from typing import Any, cast
 
-from vllm_hotfix.errors import one_line
 from vllm_hotfix.fixes.base import Fix
+from vllm_hotfix.runtime.errors import one_line
 
 logger = logging.getLogger("vllm.hotfix")
 
@@ -111,7 +111,7 @@ def on_import(scheduler: types.ModuleType) -> None:
     try:
         _decide(scheduler)
     except Exception as error:
-        from vllm_hotfix import containment
+        from vllm_hotfix.runtime import containment
 
         outcome.update(state=UNKNOWN, reason=one_line(error))
         if containment.strict_requested():

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_hotfix import exit_codes
-from vllm_hotfix.verify.checks import StepCheck
+from vllm_hotfix.check.checks import StepCheck
+from vllm_hotfix.judging import exit_codes
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"  # a run's verdicts
 COMPARED = ("ok", "wrong")  # an id's statuses when it was compared (else n/a)

@@ -7,12 +7,12 @@ import sys
 from importlib.machinery import PathFinder
 from typing import Any
 
-from vllm_hotfix import engine
-from vllm_hotfix import settings as settings_mod
 from vllm_hotfix._version import __version__, checkout, describe
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
-from vllm_hotfix.vllm_version import installed_vllm_version, loaded_vllm_version
+from vllm_hotfix.runtime import arming
+from vllm_hotfix.runtime import settings as settings_mod
+from vllm_hotfix.runtime.decisions import Decision
+from vllm_hotfix.runtime.vllm_version import installed_vllm_version, loaded_vllm_version
 
 
 def _module_exists(name: str) -> bool:
@@ -48,7 +48,7 @@ def no_vllm(command: str = "status") -> str:
 def cache_status() -> dict[str, Any]:
     """The cache directory generated sources go to, whether it is usable now (store.check: nothing
     is created), and the place they would go to instead (None: none is usable)."""
-    from vllm_hotfix import patching, store
+    from vllm_hotfix.runtime import patching, store
 
     places = patching.generated_dirs()
     problems = [store.check(place) for place in places]
@@ -58,7 +58,7 @@ def cache_status() -> dict[str, Any]:
 
 
 def fix_statuses() -> list[dict[str, Any]]:
-    records = engine.records()
+    records = arming.records()
     vllm_present = vllm_found()
     found = settings_mod.read_settings(FIX_IDS)
     rows = []
@@ -95,7 +95,7 @@ def fix_statuses() -> list[dict[str, Any]]:
 def verify_status() -> dict[str, Any]:
     """The check in this environment: only `vllm-hotfix verify` runs it (in an engine of its own);
     the retired in-server switch, if set. Read without torch or vLLM."""
-    from vllm_hotfix.verify import settings as verify_settings
+    from vllm_hotfix.runtime import verify_settings
 
     found = verify_settings.read()
     return {
@@ -111,7 +111,7 @@ def process_status() -> dict[str, Any]:
     found = settings_mod.read_settings(FIX_IDS)
     loaded = loaded_vllm_version()
     installed = installed_vllm_version()
-    from vllm_hotfix import site_hook
+    from vllm_hotfix.runtime import site_hook
 
     return {
         "hotfix_version": __version__,
@@ -121,7 +121,7 @@ def process_status() -> dict[str, Any]:
         "python_executable": sys.executable,
         "vllm_loaded": loaded.text if loaded else None,
         "vllm_installed": installed.text if installed else None,
-        "armed": engine.is_armed(),
+        "armed": arming.is_armed(),
         "settings": {
             settings_mod.DISABLE_VAR: os.environ.get(settings_mod.DISABLE_VAR),
             settings_mod.STRICT_VAR: found.strict,
