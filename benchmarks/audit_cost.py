@@ -60,9 +60,9 @@ from vllm import SamplingParams
 llm = session.start(engine)
 print(f"vLLM started in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 prefill = SamplingParams(max_tokens=1, temperature=0.0)
-from vllm_hotfix.runtime import verify_settings as settings
+from vllm_hotfix.runtime import settings as settings
 sizes = lambda prompt: len(prompt["prompt_token_ids"])
-for batch in audit.batches(prompts, sizes, settings.read().tokens):  # the audit's generate calls
+for batch in audit.batches(prompts, sizes, settings.read_verify().tokens):  # the audit's generate calls
     llm.generate(batch, prefill, use_tqdm=False)
 llm.llm_engine.engine_core.shutdown()
 print("baseline done", flush=True)

@@ -146,10 +146,10 @@ def test_a_bad_verify_setting_is_reported_at_import_the_same_way() -> None:
 def test_the_names_read_at_import_are_the_settings_modules() -> None:
     """__init__.py keeps copies, so that nothing is imported when none of them is set."""
     import vllm_hotfix
-    from vllm_hotfix.runtime import settings, verify_settings
+    from vllm_hotfix.runtime import settings
 
     assert vllm_hotfix._READ_AT_IMPORT == settings.READ_AT_IMPORT
-    assert set(settings.READ_AT_IMPORT) == {*settings.SWITCHES, verify_settings.TOKENS_VAR}
+    assert set(settings.READ_AT_IMPORT) == {*settings.SWITCHES, settings.TOKENS_VAR}
     assert vllm_hotfix._OLD_PREFIX == settings.OLD_PREFIX
 
 

@@ -358,7 +358,7 @@ def hooked(monkeypatch: pytest.MonkeyPatch, tmp_path):
     import types
 
     from vllm_hotfix.check import hook
-    from vllm_hotfix.runtime import verify_settings as settings
+    from vllm_hotfix.runtime import settings as settings
 
     monkeypatch.setenv(settings.RUN_ID_VAR, "run")
     monkeypatch.setenv(settings.REPORT_VAR, str(tmp_path))

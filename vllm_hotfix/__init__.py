@@ -98,10 +98,10 @@ def _arm_engine() -> None:
             from vllm_hotfix.check import hook
 
             hook.arm()
-        from vllm_hotfix.runtime import verify_settings
+        from vllm_hotfix.runtime import settings
 
-        if verify_settings.retired_switch_set():  # the in-server check is retired: say how to check
-            _sys.stderr.write(verify_settings.RETIRED + "\n")
+        if settings.retired_switch_set():  # the in-server check is retired: say how to check
+            _sys.stderr.write(settings.RETIRED + "\n")
     except Exception as error:
         if _os.environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
             raise

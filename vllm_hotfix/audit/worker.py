@@ -75,12 +75,12 @@ class Auditor:
     so neither side holds more than one call's files."""
 
     def __init__(self, manifest_path: str, engine_ids: Sequence[int], moe: bool = False) -> None:
-        from vllm_hotfix.runtime import verify_settings
+        from vllm_hotfix.runtime import settings
 
         self.manifest_path = manifest_path
         self.moe = moe
         self.engine_ids = list(engine_ids)
-        self.checked_tokens = verify_settings.read().tokens  # what the pre-flight compares per forward
+        self.checked_tokens = settings.read_verify().tokens  # what the pre-flight compares per forward
         self.read_as: tuple[int, int] | None = None  # (inode, mtime) of the manifest as last read
         self.ids: list[int] = []
         self.tolerance: float | None = None  # --tolerance: replaces the rule

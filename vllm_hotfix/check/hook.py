@@ -17,7 +17,7 @@ import types
 from typing import Any
 
 from vllm_hotfix.judging import engine_facts as runtime
-from vllm_hotfix.runtime import containment, verify_settings
+from vllm_hotfix.runtime import containment, settings
 
 SETTER = "set_aux_hidden_state_layers"
 _lock = threading.Lock()
@@ -26,7 +26,7 @@ _armed = {"done": False}
 
 def arm() -> None:
     """In a process of the command's engine: a post-import hook on the named class's module."""
-    found = verify_settings.read()
+    found = settings.read_verify()
     with _lock:
         if not found.armed or _armed["done"]:
             return
@@ -71,7 +71,7 @@ class Recorder:
     def __init__(self, model: Any, ids: list[int]) -> None:
         from vllm_hotfix.check import taps as taps_mod
 
-        found = verify_settings.read()
+        found = settings.read_verify()
         self.ids = ids
         self.max_tokens = found.tokens
         self.holder = next((sub for sub in model.modules() if taps_mod.aux_ids(sub)), None)

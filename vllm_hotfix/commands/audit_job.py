@@ -28,7 +28,7 @@ from vllm_hotfix.check import outcome as outcome_mod
 from vllm_hotfix.commands import output, session
 from vllm_hotfix.commands import verify as verify_command
 from vllm_hotfix.judging import exit_codes, precision
-from vllm_hotfix.runtime import verify_settings
+from vllm_hotfix.runtime import settings
 from vllm_hotfix.runtime.errors import one_line
 
 PROMPTS_PER_CALL = 64  # the most files' tokens the command holds at once: one generate call's prompts
@@ -152,7 +152,7 @@ class Audit:
             return chosen.judged_tokens(chosen.audited[index])
 
         done = 0
-        for batch in batches(runnable, judged, verify_settings.read().tokens):
+        for batch in batches(runnable, judged, settings.read_verify().tokens):
             run.phase = f"auditing files {done + 1} to {done + len(batch)} of {len(runnable)}"
             prompts, entries = self._prompts(batch, vocab)
             self._write_manifest(entries)
@@ -310,8 +310,8 @@ class Audit:
             return None
         return (
             f"{short['tokens']} judged tokens of {short['files']} files lie beyond the first"
-            f" {verify_settings.read().tokens} tokens of their forward, which the pre-flight check"
-            f" compares ({verify_settings.TOKENS_VAR}); see each file's not_preflighted_tokens"
+            f" {settings.read_verify().tokens} tokens of their forward, which the pre-flight check"
+            f" compares ({settings.TOKENS_VAR}); see each file's not_preflighted_tokens"
             " (--list-every-file lists the ok ones too)"
         )
 

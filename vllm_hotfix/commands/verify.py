@@ -29,7 +29,7 @@ from vllm_hotfix.commands.output import Parser, UsageError, aux_ids, exit_usage,
 from vllm_hotfix.commands.session import CommandError, writable
 from vllm_hotfix.judging import engine_facts as runtime
 from vllm_hotfix.judging import exit_codes
-from vllm_hotfix.runtime import verify_settings
+from vllm_hotfix.runtime import settings
 from vllm_hotfix.runtime.errors import one_line
 
 DECODE = 2  # tokens generated per prompt of the workload: its prefill and a decode step are checked
@@ -95,7 +95,7 @@ def format_reports(reports: list[dict[str, Any]]) -> str:
         if checked.get("cut_forwards"):
             lines[-1] += (
                 f"; {checked['cut_forwards']} compared on their first"
-                f" {verify_settings.read().tokens} tokens ({verify_settings.TOKENS_VAR})"
+                f" {settings.read_verify().tokens} tokens ({settings.TOKENS_VAR})"
             )
         if r.get("steps"):
             tolerance = "n/a" if agree.get("tolerance") is None else f"{agree['tolerance']:.0e}"
@@ -273,9 +273,9 @@ class Run:
         given = list(args.engine_args)
         self.plan = plan  # from here on the output names the report directory and the run id
         # Before vLLM is imported (by its argument parser): every process of the engine inherits them.
-        os.environ.pop(verify_settings.VERIFY_VAR, None)  # the retired switch: not this run's business
-        os.environ[verify_settings.REPORT_VAR] = report_dir
-        os.environ[verify_settings.RUN_ID_VAR] = plan.run_id
+        os.environ.pop(settings.VERIFY_VAR, None)  # the retired switch: not this run's business
+        os.environ[settings.REPORT_VAR] = report_dir
+        os.environ[settings.RUN_ID_VAR] = plan.run_id
         self.job.before_vllm(self)
         keyed_compile_cache()
         self.phase = "parsing the engine arguments"
@@ -314,7 +314,7 @@ class Run:
         no_cuda_graphs(engine)
         self.phase = "resolving the model class"
         plan.model_class = model_class(config)
-        os.environ[verify_settings.MODEL_VAR] = plan.model_class
+        os.environ[settings.MODEL_VAR] = plan.model_class
         from vllm_hotfix.check import hook
 
         hook.arm()  # this process too: an engine vLLM runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
@@ -461,7 +461,7 @@ def model_class(config: Any) -> str:
 def usage_problem(model: str) -> str | None:
     """What refuses a run before vLLM is imported: MODEL's path, or a bad VLLMHOTFIX_VERIFY_TOKENS,
     which the engine's workers would otherwise replace by its default without a word."""
-    return session.model_path_problem(model) or verify_settings.read().problem
+    return session.model_path_problem(model) or settings.read_verify().problem
 
 
 def no_cuda_graphs(engine: Any) -> None:

@@ -23,7 +23,7 @@ FORCE_VAR = "VLLMHOTFIX_FORCE"
 # The switches read_settings() parses.
 SWITCHES = (DISABLE_VAR, STRICT_VAR, FORCE_VAR)
 # What `import vllm_hotfix` reads when one of them is set: the switches and the check's token bound
-# (runtime/verify_settings.py's TOKENS_VAR); vllm_hotfix/__init__.py keeps a copy (tests/test_cli.py).
+# (TOKENS_VAR, below); vllm_hotfix/__init__.py keeps a copy (tests/test_cli.py).
 READ_AT_IMPORT = (*SWITCHES, "VLLMHOTFIX_VERIFY_TOKENS")
 CACHE_DIR_VAR = "VLLMHOTFIX_CACHE_DIR"
 
@@ -121,9 +121,8 @@ def check_at_import() -> None:
     of the model's module: raised here, vLLM's plugin loader would swallow the error and run vLLM
     unpatched, the opposite of strict."""
     from vllm_hotfix.fixes import FIX_IDS
-    from vllm_hotfix.runtime import verify_settings
 
-    problems = [*read_settings(FIX_IDS).problems, verify_settings.read().problem]
+    problems = [*read_settings(FIX_IDS).problems, read_verify().problem]
     for problem in filter(None, problems):  # vLLM's log says the switches' again, once, as ERRORs
         sys.stderr.write(f"vllm-hotfix: settings problem: {problem}\n")
 
@@ -143,3 +142,54 @@ def cache_dir(environ: dict[str, str] | None = None) -> str:
     """Where generated sources live: VLLMHOTFIX_CACHE_DIR, else the user's cache directory."""
     base, parts = cache_root(environ)
     return os.path.join(base, *parts)
+
+
+# -- the check's run: what `vllm-hotfix verify` sets for the engine it starts ----------------------
+# The command sets all three of RUN_ID_VAR, REPORT_VAR and MODEL_VAR (a user never does): each process
+# of that engine then hooks that model class (check/hook.py) and writes its records under
+# `REPORT_VAR/RUN_ID_VAR/`. VERIFY_VAR was the in-server switch, now retired: it installs nothing.
+VERIFY_VAR = "VLLMHOTFIX_VERIFY"  # retired: logs how to check instead (vllm_hotfix._arm_engine)
+REPORT_VAR = "VLLMHOTFIX_VERIFY_REPORT"
+RUN_ID_VAR = "VLLMHOTFIX_VERIFY_RUN_ID"
+MODEL_VAR = "VLLMHOTFIX_VERIFY_MODEL"  # `module:Class`, the class vLLM's registry resolved
+TOKENS_VAR = "VLLMHOTFIX_VERIFY_TOKENS"
+DEFAULT_TOKENS = 4096  # the most tokens of a forward compared (its first): bounds the taps and records
+RETIRED = (
+    f"vllm-hotfix: {VERIFY_VAR} is retired and installs nothing: the check no longer runs inside a"
+    " server. Check the aux states before serving with `vllm-hotfix verify MODEL -- <this server's"
+    " engine flags>`."
+)
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """The run this process belongs to (None: not started by `vllm-hotfix verify`)."""
+
+    run_id: str | None = None
+    report_dir: str | None = None
+    model: str | None = None
+    tokens: int = DEFAULT_TOKENS
+    problem: str | None = None
+
+    @property
+    def armed(self) -> bool:
+        return bool(self.run_id and self.report_dir and self.model)
+
+
+def read_verify(environ: dict[str, str] | None = None) -> VerifySettings:
+    env = os.environ if environ is None else environ
+    raw = env.get(TOKENS_VAR, "").strip()
+    tokens, problem = DEFAULT_TOKENS, None
+    if raw:
+        if raw.isdigit() and int(raw) > 0:
+            tokens = int(raw)
+        else:
+            problem = f"{TOKENS_VAR}={raw!r} is not valid: use a whole number of tokens > 0"
+    return VerifySettings(
+        env.get(RUN_ID_VAR) or None, env.get(REPORT_VAR) or None, env.get(MODEL_VAR) or None, tokens, problem
+    )
+
+
+def retired_switch_set(environ: dict[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(VERIFY_VAR, "").strip().lower() not in FALSE_WORDS

@@ -95,14 +95,13 @@ def fix_statuses() -> list[dict[str, Any]]:
 def verify_status() -> dict[str, Any]:
     """The check in this environment: only `vllm-hotfix verify` runs it (in an engine of its own);
     the retired in-server switch, if set. Read without torch or vLLM."""
-    from vllm_hotfix.runtime import verify_settings
 
-    found = verify_settings.read()
+    found = settings_mod.read_verify()
     return {
         "run_id": found.run_id,
         "report_dir": found.report_dir,
         "model": found.model,
-        "retired_switch": os.environ.get(verify_settings.VERIFY_VAR),
+        "retired_switch": os.environ.get(settings_mod.VERIFY_VAR),
         "problem": found.problem,
     }
 
