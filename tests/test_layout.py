@@ -110,6 +110,23 @@ def test_no_import_circles_in_the_package() -> None:
     assert circles == [], f"modules on an import circle: {circles}"
 
 
+# What the lower rooms may import of the package (imports inside functions count): the runtime,
+# which every vLLM process loads, nothing of the rest; the fixes only the runtime and each other.
+LOWER_ROOMS = {
+    "runtime": ("vllm_hotfix.runtime", "vllm_hotfix._version"),
+    "fixes": ("vllm_hotfix.fixes", "vllm_hotfix.runtime"),
+}
+
+
+@pytest.mark.parametrize("room", sorted(LOWER_ROOMS))
+def test_the_runtime_and_the_fixes_never_import_upward(room: str) -> None:
+    allowed = LOWER_ROOMS[room]
+    for path in (REPO / "vllm_hotfix" / room).rglob("*.py"):
+        ours = {name for name in _imports(path) if name.split(".")[0] == "vllm_hotfix"}
+        wrong = sorted(name for name in ours if not name.startswith(allowed))
+        assert not wrong, f"{path.relative_to(REPO)} imports {wrong}"
+
+
 # The repository's non-package code, by job: harness/ (drivers used from the test process),
 # harness/child/ (what runs inside a child interpreter), gpu/ (the GPU kit), benchmarks/, scripts/.
 CHILD = REPO / "harness" / "child"

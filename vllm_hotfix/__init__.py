@@ -44,6 +44,7 @@ def __getattr__(name: str) -> object:
 
 def apply() -> list[dict[str, object]]:
     """Arm every fix (idempotent): patch now where vLLM's module is loaded, else on its import."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
     from vllm_hotfix.runtime import arming
     from vllm_hotfix.runtime import status as report
 
@@ -53,6 +54,7 @@ def apply() -> list[dict[str, object]]:
 
 def remove() -> list[dict[str, object]]:
     """Restore the original functions and stop patching in this process."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
     from vllm_hotfix.runtime import arming
     from vllm_hotfix.runtime import status as report
 
@@ -62,6 +64,7 @@ def remove() -> list[dict[str, object]]:
 
 def status() -> dict[str, object]:
     """What this process has decided, per fix, and about its environment. Imports nothing heavy."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
     from vllm_hotfix.runtime import status as report
 
     return report.process_status()
@@ -91,6 +94,7 @@ def _arm_engine() -> None:
     an import error of the policy
     module itself, reaches the host only in strict mode: runtime/containment.py's policy, applied inline."""
     try:
+        import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
         from vllm_hotfix.runtime import arming
 
         arming.arm()
@@ -130,9 +134,10 @@ def _check_settings() -> None:
     ):
         return
     try:
+        from vllm_hotfix.fixes import FIX_IDS
         from vllm_hotfix.runtime import settings
 
-        settings.check_at_import()
+        settings.check_at_import(FIX_IDS)
     except Exception:
         pass  # a module that cannot be read is reported once (raised in strict mode) by the arming
 

@@ -16,7 +16,7 @@ import sys
 import types
 from typing import Any, cast
 
-from vllm_hotfix.fixes.base import Fix
+from vllm_hotfix.fixes.base import parse_function
 from vllm_hotfix.runtime.errors import one_line
 
 logger = logging.getLogger("vllm.hotfix")
@@ -55,7 +55,7 @@ def _plain(statement: ast.stmt) -> ast.stmt:
 
 def _body(source: str) -> ast.Module:
     """The function's statements, a docstring left out, each `_plain`; ValueError unless one function."""
-    body = Fix.parse_function(source).body
+    body = parse_function(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # a docstring
     return ast.Module(body=[_plain(statement) for statement in body], type_ignores=[])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.fixes.base import Probe, contains_code, parse_function
 from vllm_hotfix.runtime.decisions import Decision
 
 FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
@@ -15,7 +15,7 @@ def verdict_without_shape(source: str) -> ast.FunctionDef | Probe:
     """Parse the forward and decide at once where its shape does not matter: UNKNOWN (unparsable),
     NOT_AFFECTED (no aux capture at all), FIXED_UPSTREAM (captures end_layer); else the function."""
     try:
-        function = Fix.parse_function(source)
+        function = parse_function(source)
     except (SyntaxError, ValueError) as error:
         return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
     reads_aux = any(

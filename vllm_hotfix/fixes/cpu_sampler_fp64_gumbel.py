@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 FLAG = "USE_FP64_GUMBEL"
@@ -51,7 +51,7 @@ class CpuSamplerFp64Gumbel(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         parameters = [arg.arg for arg in function.args.args + function.args.kwonlyargs]
@@ -73,7 +73,7 @@ class CpuSamplerFp64Gumbel(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         lines = text.splitlines(keepends=True)
         call = _kernel_call(function)
         assert call is not None

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Mapping
 
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST, verdict_from_checks, verdict_without_shape
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
 
 NORM_CALL = "hidden_states, _ = self.norm(hidden_states, residual)"
 CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
@@ -86,7 +86,7 @@ class DeepseekFinalAux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         (norm,) = [stmt for stmt in function.body if same_code(stmt, NORM_CALL)]
         lines = text.splitlines(keepends=True)
         indent = " " * norm.col_offset

@@ -46,7 +46,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 INIT = "aux_hidden_states = []"
@@ -378,7 +378,7 @@ class DeepseekV32FinalAux(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if not any(
@@ -431,7 +431,7 @@ class DeepseekV32FinalAux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         shape = Shape(function)
         assert shape.capture is not None and shape.sum is not None and shape.norm is not None
         reduced = reduced_expression(shape.sequence_parallel)

@@ -26,7 +26,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, reads_key, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -92,7 +92,7 @@ class Eagle3NestedLayerIds(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if reads_key(function, KEY):
@@ -125,7 +125,7 @@ class Eagle3NestedLayerIds(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         shape = Shape(function)
         lines = text.splitlines(keepends=True)
         first = function.body[0]

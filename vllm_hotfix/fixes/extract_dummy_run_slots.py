@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 MODULE = "vllm.v1.spec_decode.extract_hidden_states"
@@ -99,7 +99,7 @@ class ExtractDummyRunSlots(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if contains_code(function, FILL) or contains_code(function, FILL_NAMED):
@@ -128,12 +128,12 @@ class ExtractDummyRunSlots(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        branch = _own_buffer_branch(self.parse_function(text))
+        branch = _own_buffer_branch(parse_function(text))
         assert branch is not None
         call = branch.body[0]
         lines = text.splitlines(keepends=True)
         lines.insert(call.lineno - 1, textwrap.indent(FIXED, " " * call.col_offset))
-        function = self.parse_function(text)
+        function = parse_function(text)
         # The decorator goes: `put` applies it to the built function, as the class body did.
         return "".join(lines[function.lineno - 1 :])
 

@@ -27,7 +27,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("self", "sampled_token_ids", "requests", "gpu_input_batch", "discard_request_mask")
@@ -110,7 +110,7 @@ class ExtractNextToken(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if _calls_eagle_kernel(function):
@@ -135,7 +135,7 @@ class ExtractNextToken(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.first is not None and shape.last is not None and shape.last.end_lineno is not None
         lines = text.splitlines(keepends=True)
         first = shape.first.lineno - 1

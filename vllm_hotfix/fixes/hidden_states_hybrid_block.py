@@ -26,7 +26,7 @@ import itertools
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 BUGGY = "self._block_size = vllm_config.cache_config.block_size"
@@ -84,7 +84,7 @@ class HiddenStatesHybridBlock(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if any(contains_code(function, shape) for shape in FIXED_SHAPES):
@@ -123,7 +123,7 @@ class HiddenStatesHybridBlock(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        lookup = _group_lookup(self.parse_function(text))
+        lookup = _group_lookup(parse_function(text))
         assert lookup is not None and lookup.end_lineno is not None
         lines = text.splitlines(keepends=True)
         addition = textwrap.indent(DERIVED, " " * lookup.col_offset)

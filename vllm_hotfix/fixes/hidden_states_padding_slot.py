@@ -19,7 +19,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("to_cache", "kv_cache", "slot_mapping")
@@ -74,7 +74,7 @@ class HiddenStatesPaddingSlot(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if contains_code(function, CLAMP):
@@ -93,7 +93,7 @@ class HiddenStatesPaddingSlot(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         lines = text.splitlines(keepends=True)
         first, scatter = function.body[0], function.body[-1]
         indent = " " * scatter.col_offset

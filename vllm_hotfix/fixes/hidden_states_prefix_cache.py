@@ -22,7 +22,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function
 from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -106,7 +106,7 @@ class HiddenStatesPrefixCache(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if contains_code(function, OFF):
@@ -135,7 +135,7 @@ class HiddenStatesPrefixCache(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        (guard,) = _chunked_prefill_guards(self.parse_function(text))
+        (guard,) = _chunked_prefill_guards(parse_function(text))
         assert guard.end_lineno is not None
         lines = text.splitlines(keepends=True)
         addition = "\n" + textwrap.indent(TURN_OFF, " " * guard.col_offset)

@@ -26,7 +26,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -104,7 +104,7 @@ class HiddenStatesUnfinishedPrefill(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if contains_code(function, GUARD):
@@ -148,7 +148,7 @@ class HiddenStatesUnfinishedPrefill(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         (queue,) = _queue(function)
         returns = UNSCHEDULED_RETURN if _unscheduled_branch(function) is not None else DELAYED_RETURN
         lines = text.splitlines(keepends=True)

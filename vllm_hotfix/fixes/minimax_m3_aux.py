@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 CAPTURE = "self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)"
@@ -249,7 +249,7 @@ class MiniMaxM3Aux(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if captures_after_norms(function):
@@ -301,7 +301,7 @@ class MiniMaxM3Aux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.kind is not None and shape.capture is not None and shape.norm is not None
         lines = text.splitlines(keepends=True)
         # Bottom-up: the final norm first (0.25.0+), then the loop's capture.

@@ -28,7 +28,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 STAGE_LAYERS = (
@@ -151,7 +151,7 @@ class PpAuxLayerIndex(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         reads_aux = any(
@@ -189,7 +189,7 @@ class PpAuxLayerIndex(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.enumerate is not None and not shape.missing
         lines = [line.encode("utf-8") for line in text.splitlines(keepends=True)]
 

@@ -26,7 +26,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 MEMBERSHIP = "layer_idx in self.aux_hidden_state_layers"
@@ -77,7 +77,7 @@ class SharedCaptureId0(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if contains_code(function, COPY):
@@ -99,7 +99,7 @@ class SharedCaptureId0(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.value is not None and isinstance(shape.value.value, ast.IfExp)
         alias = shape.value.value.orelse  # the bare `hidden_states` of the None branch
         assert alias.end_lineno is not None and alias.end_col_offset is not None

@@ -21,7 +21,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, reads_key, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -107,7 +107,7 @@ class V1DflashLayerIds(Fix):
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
         try:
-            function = self.parse_function(source)
+            function = parse_function(source)
         except (SyntaxError, ValueError) as error:
             return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
         if any(same_code(node, KEPT) for node in ast.walk(function)):
@@ -133,7 +133,7 @@ class V1DflashLayerIds(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.overwrite is not None
         value = shape.overwrite.value  # ` or layer_ids` goes right after it, on its last line
         end, column = value.end_lineno, value.end_col_offset
