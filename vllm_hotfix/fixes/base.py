@@ -11,9 +11,10 @@ import ast
 import functools
 import textwrap
 
+from vllm_hotfix.runtime.decisions import Decision
 from vllm_hotfix.runtime.fix import Fix, Probe
 
-__all__ = ["Fix", "Probe", "contains_code", "parse_function", "reads_key", "same_code"]
+__all__ = ["Fix", "Probe", "contains_code", "parse_function", "parse_or_unknown", "reads_key", "same_code"]
 
 
 def parse_function(source: str) -> ast.FunctionDef:
@@ -22,6 +23,15 @@ def parse_function(source: str) -> ast.FunctionDef:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
         raise ValueError("the source is not a single function definition")
     return tree.body[0]
+
+
+def parse_or_unknown(source: str) -> ast.FunctionDef | Probe:
+    """What each probe starts with: the function `source` defines, or the `unknown` verdict that
+    says why it could not be parsed (a probe returns the Probe as it is)."""
+    try:
+        return parse_function(source)
+    except (SyntaxError, ValueError) as error:
+        return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
 
 
 @functools.cache

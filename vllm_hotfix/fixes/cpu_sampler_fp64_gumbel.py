@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 FLAG = "USE_FP64_GUMBEL"
@@ -50,10 +50,9 @@ class CpuSamplerFp64Gumbel(Fix):
     wrapper = "sample_recovered_tokens_kernel"  # the _FuncWrapper that vLLM's CPU runner uses
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         parameters = [arg.arg for arg in function.args.args + function.args.kwonlyargs]
         if FLAG in parameters or function.args.kwarg is not None:
             return Probe(Decision.FIXED_UPSTREAM, f"the CPU fallback accepts {FLAG}")

@@ -42,11 +42,9 @@ import ast
 import copy
 import textwrap
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
 
-from vllm_hotfix.fixes.aux_capture import FINAL_TEST
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.aux_capture import FINAL_TEST, REDUCE, WORLD_SIZE, TensorParallelCapture
+from vllm_hotfix.fixes.base import Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 INIT = "aux_hidden_states = []"
@@ -79,9 +77,6 @@ SEQUENCE_PARALLEL = {
     "self.use_sequence_parallel": "vLLM 0.28+: one model-wide sequence-parallel switch",
     "hidden_states.shape[0] != full_num_tokens": "vLLM 0.26-0.27: per-layer sequence-parallel MoE",
 }
-# The names the fixed source uses that the model module does not import.
-REDUCE = "tensor_model_parallel_all_reduce"
-WORLD_SIZE = "get_tensor_model_parallel_world_size"
 REDUCERS = (REDUCE, "fused_allreduce_rms_norm")  # a capture block that calls one reduces the sum
 REDUCED_TEMPLATE = f"({REDUCE}(hidden_states.clone()) if {{condition}} else hidden_states)"
 ENTRY_TEST = "residual is None"  # before layer 0 (first pipeline rank): the capture is id 0
@@ -355,7 +350,7 @@ class _ReduceSums(ast.NodeTransformer):
         return node
 
 
-class DeepseekV32FinalAux(Fix):
+class DeepseekV32FinalAux(TensorParallelCapture):
     """One vendor's DeepseekV32Model.forward (nvidia or amd file)."""
 
     owner = "DeepseekV32Model"
@@ -377,10 +372,9 @@ class DeepseekV32FinalAux(Fix):
         self.related = (self.module,)  # the decoder layer, read where the loop passes `attn_in`
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if not any(
             isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers" for n in ast.walk(function)
         ):
@@ -460,14 +454,6 @@ class DeepseekV32FinalAux(Fix):
         block = textwrap.indent(ast.unparse(capture) + "\n", " " * shape.capture.col_offset)
         lines[shape.capture.lineno - 1 : shape.capture.end_lineno] = [block]
         return "".join(lines)
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        from vllm import distributed
-
-        return {
-            REDUCE: distributed.tensor_model_parallel_all_reduce,
-            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
-        }
 
 
 DEEPSEEK_V32_FIXES: tuple[DeepseekV32FinalAux, ...] = (

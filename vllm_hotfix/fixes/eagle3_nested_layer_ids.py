@@ -26,7 +26,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, parse_function, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, reads_key, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -91,10 +91,9 @@ class Eagle3NestedLayerIds(Fix):
     absent = Decision.NOT_AFFECTED  # before 0.17.0 there is no V2 resolver
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if reads_key(function, KEY):
             return Probe(Decision.FIXED_UPSTREAM, f'the resolver reads `eagle_config["{KEY}"]`')
         shape = Shape(function)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 MODULE = "vllm.v1.spec_decode.extract_hidden_states"
@@ -98,10 +98,9 @@ class ExtractDummyRunSlots(Fix):
     absent = Decision.NOT_AFFECTED  # releases without the V1 proposer have no such dummy run
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, FILL) or contains_code(function, FILL_NAMED):
             return Probe(
                 Decision.FIXED_UPSTREAM, "fills its slot buffer with the padding slot before a dummy run"

@@ -27,7 +27,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("self", "sampled_token_ids", "requests", "gpu_input_batch", "discard_request_mask")
@@ -109,10 +109,9 @@ class ExtractNextToken(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the proposer have no such method to fix
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if _calls_eagle_kernel(function):
             return Probe(
                 Decision.FIXED_UPSTREAM,

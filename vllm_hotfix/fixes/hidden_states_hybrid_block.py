@@ -26,7 +26,7 @@ import itertools
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 BUGGY = "self._block_size = vllm_config.cache_config.block_size"
@@ -83,10 +83,9 @@ class HiddenStatesHybridBlock(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the connector have nothing to read back
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if any(contains_code(function, shape) for shape in FIXED_SHAPES):
             return Probe(Decision.FIXED_UPSTREAM, "the block size is the hidden-states group's (its spec's)")
         missing = []

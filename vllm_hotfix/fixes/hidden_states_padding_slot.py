@@ -19,7 +19,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("to_cache", "kv_cache", "slot_mapping")
@@ -73,10 +73,9 @@ class HiddenStatesPaddingSlot(Fix):
     absent = Decision.NOT_AFFECTED  # releases before extract_hidden_states have no such cache
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, CLAMP):
             return Probe(Decision.FIXED_UPSTREAM, f"padding slots go to the null block (`{CLAMP}`)")
         missing = _buggy_shape(function)

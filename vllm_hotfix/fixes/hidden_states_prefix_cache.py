@@ -22,7 +22,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown
 from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
@@ -105,10 +105,9 @@ class HiddenStatesPrefixCache(Fix):
     absent = Decision.NOT_AFFECTED  # releases before this config hook have no per-step save either
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, OFF):
             return Probe(Decision.FIXED_UPSTREAM, f"prefix caching is off for {CONNECTOR} (`{OFF}`)")
         guards = _chunked_prefill_guards(function)

@@ -48,10 +48,9 @@ from __future__ import annotations
 import ast
 import textwrap
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.aux_capture import REDUCE, WORLD_SIZE, TensorParallelCapture
+from vllm_hotfix.fixes.base import Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 CAPTURE = "self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)"
@@ -85,8 +84,6 @@ FINAL_NORMS = (
     "hidden_states, residual = self.norm(hidden_states, residual)",
 )
 
-REDUCE = "tensor_model_parallel_all_reduce"
-WORLD_SIZE = "get_tensor_model_parallel_world_size"
 # The condition under which the next norm all-reduces the layer's output, per known shape.
 NEXT_NORM_REDUCES = {
     "fused-final": "layer.ffn_all_reduce_deferred",
@@ -229,7 +226,7 @@ class Shape:
             self.missing.append(f"a forward that does not call `{REDUCE}` itself")
 
 
-class MiniMaxM3Aux(Fix):
+class MiniMaxM3Aux(TensorParallelCapture):
     """MiniMaxM3Model.forward of the nvidia file (the amd file reduces each FFN output first)."""
 
     fix_id = "minimax-m3-aux-nvidia"
@@ -248,10 +245,9 @@ class MiniMaxM3Aux(Fix):
     architectures = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if captures_after_norms(function):
             return Probe(
                 Decision.FIXED_UPSTREAM,
@@ -328,11 +324,3 @@ class MiniMaxM3Aux(Fix):
             end = shape.entry.end_lineno or shape.entry.lineno
             lines[end:end] = [entry_copy]
         return "".join(lines)
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        from vllm import distributed
-
-        return {
-            REDUCE: distributed.tensor_model_parallel_all_reduce,
-            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
-        }

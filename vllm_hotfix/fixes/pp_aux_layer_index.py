@@ -28,7 +28,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 STAGE_LAYERS = (
@@ -150,10 +150,9 @@ class PpAuxLayerIndex(Fix):
         self.upstream = UPSTREAM_FIX if fixed_in is not None else NOT_FIXED
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         reads_aux = any(
             (isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers") or _is_helper_call(n)
             for n in ast.walk(function)

@@ -26,7 +26,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 MEMBERSHIP = "layer_idx in self.aux_hidden_state_layers"
@@ -76,10 +76,9 @@ class SharedCaptureId0(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the helper capture no aux states through it
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, COPY):
             return Probe(
                 Decision.FIXED_UPSTREAM, f"the helper copies a state captured without a residual (`{COPY}`)"

@@ -21,7 +21,7 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.fixes.base import Fix, Probe, parse_function, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, reads_key, same_code
 from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -106,10 +106,9 @@ class V1DflashLayerIds(Fix):
     absent = Decision.NOT_AFFECTED  # before 0.11.1 no method; 0.34.0 no V1 runner
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if any(same_code(node, KEPT) for node in ast.walk(function)):
             return Probe(
                 Decision.FIXED_UPSTREAM,
