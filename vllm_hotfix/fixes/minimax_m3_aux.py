@@ -1,14 +1,22 @@
-"""MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py,
-vLLM 0.24.0-0.33.0). Fixed upstream in vLLM 0.34.0.
+"""MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py).
 
-The nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN output
-un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm: the next layer's
-input norm (`fuse_input_allreduce`) or, from vLLM 0.25.0, the final norm
-(`fuse_final_norm_allreduce`), both through `fused_allreduce_gemma_rms_norm`. The layer loop
-captures `self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)`, which
-adds the rank's *partial* FFN output to the residual: at TP > 1 every such state is wrong and the
-ranks disagree (EAGLE3 drafters are fed these states). vLLM 0.24.0 defers only dense layers, 0.25.0+
-dense and MoE layers (`MiniMaxM3DecoderLayer.ffn_all_reduce_deferred`).
+Why: the nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN
+output un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm, but the
+loop captures `hidden_states + residual` with the rank's *partial* FFN output: at TP > 1 every such
+state is wrong and the ranks disagree. Id 0 is the embedding tensor that layer 0's in-place Gemma
+norms later overwrite.
+
+How: derived from the installed forward, every captured state becomes the all-reduced pre-norm sum
+exactly where vLLM's next norm reduces (an all-reduce of a copy per requested id at TP > 1, none at
+TP = 1), the final id the final fused norm's second output (0.25.0+), id 0 a copy; nothing else,
+and the model's output is never touched. The steps are below.
+
+Affected releases: vLLM 0.24.0 to 0.33.0.
+
+Upstream: fixed in vLLM 0.34.0 (captures after the layers' input norms; the probe says `fixed
+upstream` there).
+
+When to drop: when the project stops supporting vLLM 0.24.0 to 0.33.0.
 
 The fix, derived from the installed forward, makes every captured state the all-reduced pre-norm sum
 exactly where vLLM's next norm reduces, and nothing else:
@@ -35,12 +43,6 @@ exactly where vLLM's next norm reduces, and nothing else:
   stock makes that copy (0.32.0+), id 0 is left as it is.
 Where vLLM already reduced (pipeline parallelism > 1: `reduce_results=True`, nothing deferred) both
 conditions are False and the states are stock's. The model's output is never touched.
-
-vLLM 0.34.0 fixed it (recognised as `fixed upstream`, `captures_after_norms`): the decoder layer is
-split into `forward_input_norm` / `forward_after_input_norm`, and the loop captures id k as
-`residual.clone()` right after layer k's input norm, where the deferred all-reduce completes; the
-final id is the final norm's second output, cloned; id 0 is a clone. No partial sums, no added
-collective.
 """
 
 from __future__ import annotations
