@@ -83,27 +83,19 @@ class _VllmImportTrigger:
         return None
 
 
-def _verify_run() -> bool:
-    """This process belongs to the engine `vllm-hotfix verify` started (it sets these three)."""
-    names = ("VLLMHOTFIX_VERIFY_RUN_ID", "VLLMHOTFIX_VERIFY_REPORT", "VLLMHOTFIX_VERIFY_MODEL")
-    return all(_os.environ.get(name) for name in names)
-
-
 def _arm_engine() -> None:
-    """Arm the engine (in the engine of `vllm-hotfix verify`, the check's hooks too); an error, even
-    an import error of the policy
-    module itself, reaches the host only in strict mode: runtime/containment.py's policy, applied inline."""
+    """Arm the registered fixes (in the engine of `vllm-hotfix verify`, the check's hooks too); an
+    error, even an import error of the policy module itself, reaches the host only in strict mode:
+    runtime/containment.py's policy, applied inline."""
     try:
         import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
-        from vllm_hotfix.runtime import arming
+        from vllm_hotfix.runtime import arming, settings
 
         arming.arm()
-        if _verify_run():
+        if settings.read_verify().armed:  # the engine `vllm-hotfix verify` started
             from vllm_hotfix.check import hook
 
             hook.arm()
-        from vllm_hotfix.runtime import settings
-
         if settings.retired_switch_set():  # the in-server check is retired: say how to check
             _sys.stderr.write(settings.RETIRED + "\n")
     except Exception as error:

@@ -5,7 +5,7 @@ Importing it registers the fixes with the runtime (`runtime.fix.register`), whic
 
 from __future__ import annotations
 
-from vllm_hotfix.fixes.base import Fix, Probe
+from vllm_hotfix.fixes.base import Fix
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
@@ -41,4 +41,4 @@ ALL_FIXES: tuple[Fix, ...] = (
 FIX_IDS: tuple[str, ...] = tuple(fix.fix_id for fix in ALL_FIXES)
 register(ALL_FIXES)
 
-__all__ = ["ALL_FIXES", "FIX_IDS", "Fix", "Probe"]
+__all__ = ["ALL_FIXES", "FIX_IDS", "Fix"]

@@ -101,7 +101,9 @@ def verify_status() -> dict[str, Any]:
         "run_id": found.run_id,
         "report_dir": found.report_dir,
         "model": found.model,
-        "retired_switch": os.environ.get(settings_mod.VERIFY_VAR),
+        "retired_switch": os.environ.get(settings_mod.VERIFY_VAR)
+        if settings_mod.retired_switch_set()
+        else None,
         "problem": found.problem,
     }
 
