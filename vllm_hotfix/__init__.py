@@ -44,6 +44,7 @@ def __getattr__(name: str) -> object:
 
 def apply() -> list[dict[str, object]]:
     """Arm every fix (idempotent): patch now where vLLM's module is loaded, else on its import."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
     from vllm_hotfix.runtime import arming
     from vllm_hotfix.runtime import status as report
 
@@ -53,6 +54,7 @@ def apply() -> list[dict[str, object]]:
 
 def remove() -> list[dict[str, object]]:
     """Restore the original functions and stop patching in this process."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
     from vllm_hotfix.runtime import arming
     from vllm_hotfix.runtime import status as report
 
@@ -62,6 +64,7 @@ def remove() -> list[dict[str, object]]:
 
 def status() -> dict[str, object]:
     """What this process has decided, per fix, and about its environment. Imports nothing heavy."""
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
     from vllm_hotfix.runtime import status as report
 
     return report.process_status()
@@ -80,26 +83,19 @@ class _VllmImportTrigger:
         return None
 
 
-def _verify_run() -> bool:
-    """This process belongs to the engine `vllm-hotfix verify` started (it sets these three)."""
-    names = ("VLLMHOTFIX_VERIFY_RUN_ID", "VLLMHOTFIX_VERIFY_REPORT", "VLLMHOTFIX_VERIFY_MODEL")
-    return all(_os.environ.get(name) for name in names)
-
-
 def _arm_engine() -> None:
-    """Arm the engine (in the engine of `vllm-hotfix verify`, the check's hooks too); an error, even
-    an import error of the policy
-    module itself, reaches the host only in strict mode: runtime/containment.py's policy, applied inline."""
+    """Arm the registered fixes (in the engine of `vllm-hotfix verify`, the check's hooks too); an
+    error, even an import error of the policy module itself, reaches the host only in strict mode:
+    runtime/containment.py's policy, applied inline."""
     try:
-        from vllm_hotfix.runtime import arming
+        import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
+        from vllm_hotfix.runtime import arming, settings
 
         arming.arm()
-        if _verify_run():
+        if settings.read_verify().armed:  # the engine `vllm-hotfix verify` started
             from vllm_hotfix.check import hook
 
             hook.arm()
-        from vllm_hotfix.runtime import settings
-
         if settings.retired_switch_set():  # the in-server check is retired: say how to check
             _sys.stderr.write(settings.RETIRED + "\n")
     except Exception as error:
@@ -130,9 +126,10 @@ def _check_settings() -> None:
     ):
         return
     try:
+        from vllm_hotfix.fixes import FIX_IDS
         from vllm_hotfix.runtime import settings
 
-        settings.check_at_import()
+        settings.check_at_import(FIX_IDS)
     except Exception:
         pass  # a module that cannot be read is reported once (raised in strict mode) by the arming
 

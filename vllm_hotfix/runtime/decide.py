@@ -12,10 +12,9 @@ import os
 import types
 from dataclasses import dataclass
 
-from vllm_hotfix.fixes import Fix
 from vllm_hotfix.runtime import settings as settings_mod
 from vllm_hotfix.runtime.decisions import Decision
-from vllm_hotfix.runtime.patching import Marker
+from vllm_hotfix.runtime.fix import Fix, Marker
 from vllm_hotfix.runtime.vllm_version import VllmVersion, loaded_vllm_version
 
 

@@ -2,9 +2,9 @@
 
 `decide.decide()` only decides: it returns, for a fix to apply, the loaded original and the fixed
 source it derived and self-checked. `patch()` turns that source into a plain function
-(`codegen.build_function`, its file in one of `generated_dirs()`), marks it and puts it in place;
-`unpatch()` puts the original back, unless something else replaced the fixed function since. Both
-go through the fix's `Fix.put()`, the one place that knows where the function is referenced.
+(`codegen.build_function`, its file in one of `generated_dirs()`), marks it (`fix.Marker`) and puts
+it in place; `unpatch()` puts the original back, unless something else replaced the fixed function
+since. Both go through the fix's `Fix.put()`, the one place that knows where the function is referenced.
 """
 
 from __future__ import annotations
@@ -16,19 +16,9 @@ import types
 from dataclasses import dataclass
 
 from vllm_hotfix._version import __version__
-from vllm_hotfix.fixes import Fix
 from vllm_hotfix.runtime import codegen, store
 from vllm_hotfix.runtime import settings as settings_mod
-
-
-@dataclass
-class Marker:
-    """Carried by every installed function as `__vllm_hotfix__`: who made it, from what."""
-
-    fix_id: str
-    version: str
-    digest: str
-    filename: str
+from vllm_hotfix.runtime.fix import Fix, Marker
 
 
 @dataclass(frozen=True)

@@ -115,14 +115,12 @@ def unreported(problems: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def check_at_import() -> None:
-    """Read the switches at `import vllm_hotfix`: each problem is one line on stderr (vLLM's logger
-    may not exist yet). Strict mode raises later, when the fixes are decided inside vLLM's import
-    of the model's module: raised here, vLLM's plugin loader would swallow the error and run vLLM
-    unpatched, the opposite of strict."""
-    from vllm_hotfix.fixes import FIX_IDS
-
-    problems = [*read_settings(FIX_IDS).problems, read_verify().problem]
+def check_at_import(fix_ids: tuple[str, ...]) -> None:
+    """Read the switches at `import vllm_hotfix` (`fix_ids`: the registry's): each problem is one
+    line on stderr (vLLM's logger may not exist yet). Strict mode raises later, when the fixes are
+    decided inside vLLM's import of the model's module: raised here, vLLM's plugin loader would
+    swallow the error and run vLLM unpatched, the opposite of strict."""
+    problems = [*read_settings(fix_ids).problems, read_verify().problem]
     for problem in filter(None, problems):  # vLLM's log says the switches' again, once, as ERRORs
         sys.stderr.write(f"vllm-hotfix: settings problem: {problem}\n")
 

@@ -8,10 +8,10 @@ from importlib.machinery import PathFinder
 from typing import Any
 
 from vllm_hotfix._version import __version__, checkout, describe
-from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
 from vllm_hotfix.runtime import arming
 from vllm_hotfix.runtime import settings as settings_mod
 from vllm_hotfix.runtime.decisions import Decision
+from vllm_hotfix.runtime.fix import registered, registered_ids
 from vllm_hotfix.runtime.vllm_version import installed_vllm_version, loaded_vllm_version
 
 
@@ -60,9 +60,9 @@ def cache_status() -> dict[str, Any]:
 def fix_statuses() -> list[dict[str, Any]]:
     records = arming.records()
     vllm_present = vllm_found()
-    found = settings_mod.read_settings(FIX_IDS)
+    found = settings_mod.read_settings(registered_ids())
     rows = []
-    for fix in ALL_FIXES:
+    for fix in registered():
         record = records.get(fix.fix_id)
         if record is not None:
             decision, reason = record.decision, record.reason
@@ -101,13 +101,15 @@ def verify_status() -> dict[str, Any]:
         "run_id": found.run_id,
         "report_dir": found.report_dir,
         "model": found.model,
-        "retired_switch": os.environ.get(settings_mod.VERIFY_VAR),
+        "retired_switch": os.environ.get(settings_mod.VERIFY_VAR)
+        if settings_mod.retired_switch_set()
+        else None,
         "problem": found.problem,
     }
 
 
 def process_status() -> dict[str, Any]:
-    found = settings_mod.read_settings(FIX_IDS)
+    found = settings_mod.read_settings(registered_ids())
     loaded = loaded_vllm_version()
     installed = installed_vllm_version()
     from vllm_hotfix.runtime import site_hook
