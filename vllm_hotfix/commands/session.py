@@ -189,8 +189,6 @@ class Session:
             self._end()
         if isinstance(error, KeyboardInterrupt):
             self._end(f"interrupted (Ctrl-C) while {self.phase}")
-        if not isinstance(error, Exception):  # SystemExit and the like: not the session's to judge
-            return
         if self.debug:
             traceback.print_exception(error)
         if isinstance(error, CommandError):
