@@ -47,7 +47,6 @@ AUDIT_RUN = (
     "vllm_hotfix/commands/audit.py",
     "vllm_hotfix/audit/compare.py",
     "vllm_hotfix/audit/files.py",
-    "vllm_hotfix/commands/audit_job.py",
     "vllm_hotfix/audit/results.py",
     "vllm_hotfix/audit/selection.py",
     "vllm_hotfix/audit/verdict.py",

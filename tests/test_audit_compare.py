@@ -101,7 +101,7 @@ def test_bad_files_are_na_with_why(tmp_path: Path) -> None:
         }
     ).encode()
     (tmp_path / "float-ids.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
-    said = {p.name: files.read_header(p).na for p in files.discover(tmp_path)}
+    said = {p.name: files.read_header(p).na for p in (path for _, path in files.listing(tmp_path).files)}
     assert said["good.safetensors"] is None
     assert said["cut.safetensors"] == (
         "unreadable header: SafetensorError: Error while deserializing header: incomplete metadata, file"
@@ -182,7 +182,7 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
     import argparse
 
     from vllm_hotfix.audit.selection import Chosen
-    from vllm_hotfix.commands.audit_job import Audit
+    from vllm_hotfix.commands.audit import Audit
 
     data = tmp_path / "data"
     data.mkdir()
@@ -221,7 +221,8 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
     audit.collect()
     counts, rows, _ = audit.judgement(judged)
     assert (
-        audit.verdict(judged, counts, rows)[:2] == (verdict, code) and audit.exit_code(None, judged) == code
+        audit.verdict(judged, counts, rows)[:2] == (verdict, code)
+        and audit.said(None, judged, False).code == code
     )
     if check != "PASS":
         assert all(r["status"] == "n/a" and "unproven" in r["why"] for r in rows)

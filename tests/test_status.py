@@ -19,7 +19,7 @@ import pytest
 
 from harness.testenv import REPO, outside_checkout
 from vllm_hotfix.fixes import FIX_IDS
-from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.judging import verdicts
 
 
 def status_in(
@@ -38,15 +38,15 @@ def status_in(
 
 def test_without_vllm_status_is_one_line_naming_the_python_and_exit_2(bare_python: tuple[str, str]) -> None:
     done = status_in(bare_python)
-    assert done.returncode == exit_codes.INCOMPLETE, done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == verdicts.INCOMPLETE, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()  # a message: stderr
     assert line.startswith(f"vllm-hotfix status: no vLLM importable by {bare_python[0]}:")
     assert "install vllm-hotfix into the environment that runs vLLM" in line
-    assert "python -m pip install" in line and done.stderr == ""
+    assert "python -m pip install" in line and done.stdout == ""
 
     done = status_in(bare_python, "--json")
     document = json.loads(done.stdout)
-    assert done.returncode == document["exit_code"] == exit_codes.INCOMPLETE
+    assert done.returncode == document["exit_code"] == verdicts.INCOMPLETE
     assert document["reason"] == line and document["python_executable"] == bare_python[0]
     assert document["vllm_installed"] is None
 
@@ -57,13 +57,13 @@ def test_a_vllm_that_cannot_be_imported_is_one_line_and_exit_3(
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("import torch_not_installed_here\n")
     done = status_in(bare_python, path=(str(tmp_path),))
-    assert done.returncode == exit_codes.ERROR, done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == verdicts.ERROR, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()  # a message: stderr
     said = f"vllm-hotfix status: vLLM is installed for {bare_python[0]} but cannot be imported"
     assert line.startswith(said)
     assert "No module named 'torch_not_installed_here'" in line
     # --no-probe imports nothing: it reports what this process knows
-    assert status_in(bare_python, "--no-probe", path=(str(tmp_path),)).returncode == exit_codes.OK
+    assert status_in(bare_python, "--no-probe", path=(str(tmp_path),)).returncode == verdicts.OK
 
 
 def test_a_disabled_fix_is_disabled_before_its_module_is_imported(bare_python: tuple[str, str]) -> None:

@@ -47,10 +47,6 @@ class StepCheck:
         """Every rank recorded its part of this forward."""
         return not self.errors and self.missing_note is None
 
-    @property
-    def ok(self) -> bool:
-        return self.complete and not self.failed
-
 
 def shapes(
     states: list[Any], ids: Sequence[int], tokens: int, hidden_size: int

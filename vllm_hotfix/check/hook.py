@@ -8,6 +8,7 @@ only, before any forward, compile or capture. Never raises into vLLM.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -51,9 +52,7 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
             result = inherited(self, layers)
             try:
                 Recorder(self, [int(i) for i in layers])
-                from vllm_hotfix.audit import worker  # `vllm-hotfix audit`'s engine only
-
-                worker.attach(self, [int(i) for i in layers])
+                attach_worker(self, [int(i) for i in layers])
             except Exception as error:
                 containment.report_error("verify: the model not hooked", error)
             return result
@@ -63,6 +62,17 @@ def _on_import(module: types.ModuleType, class_name: str) -> None:
         setattr(cls, SETTER, set_aux_hidden_state_layers)
     except Exception as error:
         containment.report_error("verify: not armed", error)
+
+
+def attach_worker(model: Any, ids: list[int]) -> None:
+    """The module the command named in WORKER_VAR (`vllm-hotfix audit` names its worker) attaches
+    to the model too; by name, so that the check imports nothing of the commands that use it."""
+    name = os.environ.get(settings.WORKER_VAR, "")
+    if not name:
+        return
+    if not name.startswith("vllm_hotfix."):
+        raise ValueError(f"{settings.WORKER_VAR}={name!r}: not a module of vllm_hotfix")
+    importlib.import_module(name).attach(model, ids)
 
 
 class Recorder:

@@ -12,10 +12,9 @@ import dataclasses
 from typing import Any
 
 from vllm_hotfix.check.checks import StepCheck
-from vllm_hotfix.judging import exit_codes
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.judging.verdicts import COMPARED, FAIL, PASS, UNKNOWN
 
-PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"  # a run's verdicts
-COMPARED = ("ok", "wrong")  # an id's statuses when it was compared (else n/a)
 RANK_KEYS = {
     "rank": "tp",
     "world": "tp_world",
@@ -185,14 +184,6 @@ class Tally:
         }
 
 
-def summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
-    """One rank's report from its forwards' checks, in order (records.py folds them one by one)."""
-    tally = Tally(list(facts.get("ids") or []))
-    for check in checks:
-        tally.add(check)
-    return tally.report(facts)
-
-
 @dataclasses.dataclass(frozen=True)
 class World:
     """The worker processes that must report, as the engine arguments imply: every tensor rank of
@@ -263,7 +254,7 @@ def verdict_of_run(
     failed = [_name(r) for r in ours if r.get("verdict") == FAIL]
     if failed:
         reason = f"a check failed on {', '.join(failed)}" + (f"; then vLLM stopped: {error}" if error else "")
-        return Outcome(FAIL, exit_codes.WRONG, reason, ours, ignored, error=error)
+        return Outcome(FAIL, verdicts.WRONG, reason, ours, ignored, error=error)
     problems = []
     processes = {(r.get("host"), r.get("pid")) for r in ours}
     if len(processes) < world.processes and (ours or error is None):  # else vLLM's error says why
@@ -282,13 +273,13 @@ def verdict_of_run(
             )
         problems += _problems_of(r)
     if error is not None:
-        return Outcome(UNKNOWN, exit_codes.ERROR, error, ours, ignored, problems, error)
+        return Outcome(UNKNOWN, verdicts.ERROR, error, ours, ignored, problems, error)
     if not ours:
         reason = "no worker recorded a forward of this run"
         reason += f" ({ignored} report(s) of other runs ignored)" if ignored else ""
-        return Outcome(UNKNOWN, exit_codes.INCOMPLETE, reason, ours, ignored, problems)
+        return Outcome(UNKNOWN, verdicts.INCOMPLETE, reason, ours, ignored, problems)
     if problems:
-        return Outcome(UNKNOWN, exit_codes.INCOMPLETE, problems[0], ours, ignored, problems)
+        return Outcome(UNKNOWN, verdicts.INCOMPLETE, problems[0], ours, ignored, problems)
     reason = f"every forward of the {world.processes} worker process(es) was checked and passed"
     partly = {
         (p["id"], p["not_compared"], p["checked"], p["why"])
@@ -300,7 +291,7 @@ def verdict_of_run(
             f"id {i} on {n} of {of} forwards ({why})" for i, n, of, why in sorted(partly, key=repr)
         )
         reason = f"every forward checked passed; not every id was compared on every forward: {counted}"
-    return Outcome(PASS, exit_codes.OK, reason, ours, ignored, problems)
+    return Outcome(PASS, verdicts.OK, reason, ours, ignored, problems)
 
 
 def coverage(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -335,6 +326,5 @@ def per_id(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["ranks"][str(report.get("rank"))] = status
             if order.get(status, 1) > order.get(row["status"], 1):
                 row["status"], row["why"] = status, entry.get("why")
-            if figure is not None and (row["max_rel_diff"] is None or figure > row["max_rel_diff"]):
-                row["max_rel_diff"] = figure
+            verdicts.take_largest(row, figure)
     return list(merged.values())

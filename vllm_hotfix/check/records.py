@@ -122,10 +122,3 @@ class RunRecords:
         """Other runs' directories in `report_dir` (never counted)."""
         found = glob.glob(os.path.join(self.report_dir, "*", ""))
         return sum(os.path.basename(p[:-1]) != self.run_id for p in found)
-
-
-def read_run(report_dir: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
-    """Every rank's report of run `run_id` in `report_dir`, and how many other runs' were left there."""
-    records = RunRecords(report_dir, run_id)
-    records.consume(final=True)
-    return records.reports(), records.other_runs()

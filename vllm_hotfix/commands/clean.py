@@ -1,4 +1,4 @@
-"""`vllm-hotfix clean`: remove the generated sources nothing has used for a while.
+"""`vllm-hotfix clean`: remove the generated sources nothing has used for a while (`run`, the command).
 
 Each combination of vLLM install, fix and hotfix version writes its own generated source (named by
 its content hash) and nothing else ever removes one, so they accumulate. A file is used when a
@@ -13,10 +13,15 @@ store's checks, and no link is followed.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
+from vllm_hotfix.commands.output import print_document
+from vllm_hotfix.judging import verdicts
 from vllm_hotfix.runtime import codegen, patching, store
 
 DEFAULT_DAYS = 30.0
@@ -69,3 +74,30 @@ def clean(days: float | None = DEFAULT_DAYS, dry_run: bool = False, now: float |
         done.removed += removed
         done.removed_bytes += sum(doomed[os.path.basename(path)] for path in removed)
     return done
+
+
+def run(args: argparse.Namespace) -> int:
+    done = clean(None if args.all else args.days, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    which = "whatever their age" if args.all else f"not used for {args.days:g} days"
+    summary = (
+        f"{verb} {len(done.removed)} generated source(s) {which}"
+        f" ({done.removed_bytes / 1024:.0f} KiB); kept {len(done.kept)}"
+        + ("" if args.all else f" used within {args.days:g} days")
+        + " (or by this process)"
+    )
+    code = verdicts.INCOMPLETE if done.skipped or done.failed else verdicts.OK
+    if args.json:
+        fields = {"dry_run": args.dry_run, "days": None if args.all else args.days}
+        print_document("clean", code, summary, **fields, **dataclasses.asdict(done))
+        return code
+    for path in done.removed:
+        print(f"{verb} {path}")
+    for line in done.skipped:
+        print(
+            f"vllm-hotfix clean: not checked (not the package's own, or unreadable): {line}", file=sys.stderr
+        )
+    for line in done.failed:
+        print(f"vllm-hotfix clean: could not remove from {line}", file=sys.stderr)
+    print(summary)
+    return code

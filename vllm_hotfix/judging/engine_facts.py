@@ -1,6 +1,6 @@
-"""What the check and the audit read from vLLM's runtime in an engine's process: this process's
-ranks, whether a forward is one of vLLM's dummy forwards, the compilation mode. Read only, never
-raising: a fact that cannot be read has its neutral value."""
+"""What the check and the audit know of vLLM: in an engine's process, this process's ranks, whether
+a forward is one of vLLM's dummy forwards, the compilation mode (read only, never raising: a fact
+that cannot be read has its neutral value); and the order in which vLLM returns aux states."""
 
 from __future__ import annotations
 
@@ -47,3 +47,17 @@ def compilation(config: Any = None) -> dict[str, Any]:
         return {key: str(getattr(value, "name", value)) for key, value in modes.items()}
     except Exception as error:
         return {"mode": None, "cudagraph_mode": None, "error": one_line(error)}
+
+
+def in_vllm_order(ids: list[int]) -> tuple[list[int], str | None]:
+    """The ids in the order vLLM returns their states (ascending layer), and a note when the user's
+    order differs: every release captures by a membership test inside the layer loop, so slot i of
+    the states (and of the files `extract_hidden_states` writes) is the i-th smallest id."""
+    ordered = sorted(ids)
+    if ordered == ids:
+        return ordered, None
+    return ordered, (
+        f"--ids {','.join(map(str, ids))} read in vLLM's order {','.join(map(str, ordered))}: vLLM"
+        " returns and stores aux states in ascending layer order whatever order its config lists"
+        " them; slot i of the states (and of the files' columns) is the i-th smallest id"
+    )

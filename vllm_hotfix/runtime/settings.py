@@ -151,6 +151,9 @@ REPORT_VAR = "VLLMHOTFIX_VERIFY_REPORT"
 RUN_ID_VAR = "VLLMHOTFIX_VERIFY_RUN_ID"
 MODEL_VAR = "VLLMHOTFIX_VERIFY_MODEL"  # `module:Class`, the class vLLM's registry resolved
 TOKENS_VAR = "VLLMHOTFIX_VERIFY_TOKENS"
+# the module (under vllm_hotfix.) whose `attach(model, ids)` the hooked model runs too: the command
+# names the audit's worker for its engine, so that the check never imports the audit
+WORKER_VAR = "VLLMHOTFIX_VERIFY_WORKER"
 DEFAULT_TOKENS = 4096  # the most tokens of a forward compared (its first): bounds the taps and records
 RETIRED = (
     f"vllm-hotfix: {VERIFY_VAR} is retired and installs nothing: the check no longer runs inside a"
