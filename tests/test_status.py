@@ -100,13 +100,14 @@ def test_the_text_names_the_python_and_the_cache_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the report says where vLLM is found (the full text), in this process: nothing imported."""
+    from vllm_hotfix.commands.status import format_text
     from vllm_hotfix.runtime import status as report
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(a_file))
     monkeypatch.setenv("VLLMHOTFIX_DISABLE", "1")
-    lines = report.format_text(report.process_status()).splitlines()
+    lines = format_text(report.process_status()).splitlines()
     assert lines[0].endswith(f": {sys.executable})")
     assert "armed: " in lines[2] and lines[2].endswith("; every fix is disabled (VLLMHOTFIX_DISABLE)")
     (cache,) = [line for line in lines if line.startswith("cache directory:")]
@@ -115,6 +116,6 @@ def test_the_text_names_the_python_and_the_cache_directory(
 
     monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VLLMHOTFIX_DISABLE")
-    lines = report.format_text(report.process_status()).splitlines()
+    lines = format_text(report.process_status()).splitlines()
     assert f"cache directory: {tmp_path / 'generated'} (usable)" in lines
     assert "every fix is disabled" not in lines[2]

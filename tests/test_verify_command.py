@@ -30,8 +30,8 @@ from vllm_hotfix.commands import cli, session
 from vllm_hotfix.commands import verify as command
 from vllm_hotfix.commands.output import SCHEMAS
 from vllm_hotfix.commands.parser import DEFAULT_TIMEOUT, aux_ids
+from vllm_hotfix.commands.status import format_text
 from vllm_hotfix.judging.engine_facts import in_vllm_order
-from vllm_hotfix.runtime import status as report
 
 RUN = "this-run"
 
@@ -300,7 +300,7 @@ def test_status_shows_the_check_and_the_retired_switch(monkeypatch: pytest.Monke
         "retired_switch": "1",
         "problem": None,
     }
-    text = report.format_text(status)
+    text = format_text(status)
     assert "verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states" in text
     assert "verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing" in text
 

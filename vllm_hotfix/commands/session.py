@@ -370,10 +370,11 @@ def plugin_reachable() -> bool:
 def need_vllm(command: str) -> None:
     """NoVllm unless this Python finds vLLM; checked once the command line is known to be right,
     before anything else the command does."""
+    from vllm_hotfix.commands.status import no_vllm
     from vllm_hotfix.runtime import status as report
 
     if not report.vllm_found():
-        raise NoVllm(report.no_vllm(command))
+        raise NoVllm(no_vllm(command))
 
 
 def model_flag_problem(engine_args: list[str]) -> str | None:

@@ -8,19 +8,22 @@ import argparse
 import contextlib
 import importlib
 import sys
+from typing import Any
 
+from vllm_hotfix._version import describe
 from vllm_hotfix.commands.output import print_document
 from vllm_hotfix.judging import verdicts
+from vllm_hotfix.runtime import settings as settings_mod
+from vllm_hotfix.runtime.decisions import Decision
 
 
 def run(args: argparse.Namespace) -> int:
     from vllm_hotfix.fixes import ALL_FIXES
     from vllm_hotfix.runtime import status as report
-    from vllm_hotfix.runtime.decisions import Decision
 
-    invalid = report.settings_problems(report.process_status())
+    invalid = settings_problems(report.process_status())
     if not report.vllm_found() and not invalid:  # an invalid setting is a usage error first
-        return _say_status(args, verdicts.INCOMPLETE, report.no_vllm())
+        return _say_status(args, verdicts.INCOMPLETE, no_vllm())
     not_importable: dict[str, str] = {}
     if args.probe and report.vllm_found():
         broken = _import_vllm()
@@ -43,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     for row in status["fixes"]:
         if row["fix"] in not_importable and Decision(row["decision"]) is Decision.PENDING:
             row["reason"] = not_importable[row["fix"]]
-    settings_problems = report.settings_problems(status)
+    invalid = settings_problems(status)
     problems = [f"{f['fix']}: {f['decision']}" for f in status["fixes"] if Decision(f["decision"]).is_problem]
-    if settings_problems:
-        code, reason = verdicts.USAGE, f"invalid setting(s): {'; '.join(settings_problems)}"
+    if invalid:
+        code, reason = verdicts.USAGE, f"invalid setting(s): {'; '.join(invalid)}"
     elif problems:
         code, reason = verdicts.INCOMPLETE, f"left out where they may be needed: {', '.join(problems)}"
     else:
@@ -54,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_document("status", code, reason, **status)
     else:
-        print(report.format_text(status))
-        if settings_problems:
-            print(f"vllm-hotfix status: {len(settings_problems)} invalid setting(s), above", file=sys.stderr)
+        print(format_text(status))
+        if invalid:
+            print(f"vllm-hotfix status: {len(invalid)} invalid setting(s), above", file=sys.stderr)
     return code
 
 
@@ -84,3 +87,83 @@ def _say_status(args: argparse.Namespace, code: int, line: str) -> int:
     else:
         print(line, file=sys.stderr)
     return code
+
+
+def no_vllm(command: str = "status") -> str:
+    """The one line a command (`vllm-hotfix status`, `verify`, `audit`) says when this Python has no
+    vLLM: most often the hotfix was installed into another environment than vLLM's, so it names the
+    Python it looked in."""
+    return (
+        f"vllm-hotfix {command}: no vLLM importable by {sys.executable}: install vllm-hotfix into the"
+        " environment that runs vLLM, with that environment's Python (`python -m pip install"
+        f" <vllm-hotfix>`), and run `python -m vllm_hotfix {command}` there"
+    )
+
+
+def settings_problems(status: dict[str, Any]) -> list[str]:
+    """Every invalid setting a status names: the fixes' switches, and the check's if it has any."""
+    found = list(status["settings"]["problems"])
+    verify = status.get("verify") or {}
+    if verify.get("problem"):
+        found.append(verify["problem"])
+    return found
+
+
+def cache_line(cache: dict[str, Any]) -> str:
+    """The cache directory, and where generated sources go instead when it is not usable."""
+    if cache["usable"]:
+        return f"cache directory: {cache['path']} (usable)"
+    instead = (
+        f"generated sources go to {cache['used']}"
+        if cache["used"]
+        else "no place is usable: compile caches cannot tell a fix apart"
+    )
+    return (
+        f"cache directory: {cache['path']} NOT usable ({cache['problem']}); {instead};"
+        f" set {settings_mod.CACHE_DIR_VAR} to a directory of yours"
+    )
+
+
+def format_text(status: dict[str, Any]) -> str:
+    """The status as text, one line per fact and a few per fix."""
+    settings = status["settings"]
+    version = describe(status["hotfix_version"], status.get("hotfix_checkout"))
+    lines = [
+        f"vllm-hotfix {version} (pid {status['pid']}, Python {status['python']}:"
+        f" {status['python_executable']})",
+        f"vLLM: {status['vllm_loaded'] or status['vllm_installed'] or 'not installed'}"
+        + ("" if status["vllm_loaded"] else " (not imported)"),
+        f"armed: {'yes' if status['armed'] else 'no'}"
+        + (
+            f"; every fix is disabled ({settings_mod.DISABLE_VAR})"
+            if all(fix["decision"] == Decision.DISABLED.value for fix in status["fixes"])
+            else ""
+        ),
+        f"{settings_mod.DISABLE_VAR}={settings[settings_mod.DISABLE_VAR] or ''}"
+        f"  {settings_mod.STRICT_VAR}={'on' if settings[settings_mod.STRICT_VAR] else 'off'}",
+        cache_line(status["cache_dir"]),
+        f"site hook: {status['site_hook'] or 'not installed'}",
+    ]
+    lines += [f"settings problem: {problem}" for problem in settings["problems"]]
+    verify = status["verify"]
+    if verify["run_id"]:
+        lines.append(f"verify: this is the engine of `vllm-hotfix verify` run {verify['run_id']}")
+    else:
+        lines.append("verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states")
+    if verify["retired_switch"]:
+        lines.append("verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing")
+    if verify["problem"]:
+        lines.append(f"settings problem: {verify['problem']}")
+    for fix in status["fixes"]:
+        first, last = fix["known_affected"]
+        lines += [
+            f"fix {fix['fix']}: {fix['decision']}",
+            f"  {fix['title']}",
+            f"  target: {fix['target']}",
+            f"  reason: {fix['reason']}",
+            f"  known affected: vLLM {first} to {last}; upstream fix: {fix['upstream_fix']}",
+        ]
+        if fix["generated_file"]:
+            lines.append(f"  generated source: {fix['generated_file']}")
+        lines += [f"  note: {note}" for note in fix["notes"]]
+    return "\n".join(lines)

@@ -7,7 +7,7 @@ import sys
 from importlib.machinery import PathFinder
 from typing import Any
 
-from vllm_hotfix._version import __version__, checkout, describe
+from vllm_hotfix._version import __version__, checkout
 from vllm_hotfix.runtime import arming
 from vllm_hotfix.runtime import settings as settings_mod
 from vllm_hotfix.runtime.decisions import Decision
@@ -32,17 +32,6 @@ def vllm_found() -> bool:
     """Whether this Python finds vLLM on its path (imported or not)."""
     # PathFinder, not importlib.util.find_spec: looking vLLM up must not fire the import trigger
     return "vllm" in sys.modules or PathFinder.find_spec("vllm") is not None
-
-
-def no_vllm(command: str = "status") -> str:
-    """The one line a command (`vllm-hotfix status`, `verify`, `audit`) says when this Python has no
-    vLLM: most often the hotfix was installed into another environment than vLLM's, so it names the
-    Python it looked in."""
-    return (
-        f"vllm-hotfix {command}: no vLLM importable by {sys.executable}: install vllm-hotfix into the"
-        " environment that runs vLLM, with that environment's Python (`python -m pip install"
-        f" <vllm-hotfix>`), and run `python -m vllm_hotfix {command}` there"
-    )
 
 
 def cache_status() -> dict[str, Any]:
@@ -133,71 +122,3 @@ def process_status() -> dict[str, Any]:
         "verify": verify_status(),
         "fixes": fix_statuses(),
     }
-
-
-def settings_problems(status: dict[str, Any]) -> list[str]:
-    """Every invalid setting a status names: the fixes' switches, and the check's if it has any."""
-    found = list(status["settings"]["problems"])
-    verify = status.get("verify") or {}
-    if verify.get("problem"):
-        found.append(verify["problem"])
-    return found
-
-
-def cache_line(cache: dict[str, Any]) -> str:
-    """The cache directory, and where generated sources go instead when it is not usable."""
-    if cache["usable"]:
-        return f"cache directory: {cache['path']} (usable)"
-    instead = (
-        f"generated sources go to {cache['used']}"
-        if cache["used"]
-        else "no place is usable: compile caches cannot tell a fix apart"
-    )
-    return (
-        f"cache directory: {cache['path']} NOT usable ({cache['problem']}); {instead};"
-        f" set {settings_mod.CACHE_DIR_VAR} to a directory of yours"
-    )
-
-
-def format_text(status: dict[str, Any]) -> str:
-    settings = status["settings"]
-    version = describe(status["hotfix_version"], status.get("hotfix_checkout"))
-    lines = [
-        f"vllm-hotfix {version} (pid {status['pid']}, Python {status['python']}:"
-        f" {status['python_executable']})",
-        f"vLLM: {status['vllm_loaded'] or status['vllm_installed'] or 'not installed'}"
-        + ("" if status["vllm_loaded"] else " (not imported)"),
-        f"armed: {'yes' if status['armed'] else 'no'}"
-        + (
-            f"; every fix is disabled ({settings_mod.DISABLE_VAR})"
-            if all(fix["decision"] == Decision.DISABLED.value for fix in status["fixes"])
-            else ""
-        ),
-        f"{settings_mod.DISABLE_VAR}={settings[settings_mod.DISABLE_VAR] or ''}"
-        f"  {settings_mod.STRICT_VAR}={'on' if settings[settings_mod.STRICT_VAR] else 'off'}",
-        cache_line(status["cache_dir"]),
-        f"site hook: {status['site_hook'] or 'not installed'}",
-    ]
-    lines += [f"settings problem: {problem}" for problem in settings["problems"]]
-    verify = status["verify"]
-    if verify["run_id"]:
-        lines.append(f"verify: this is the engine of `vllm-hotfix verify` run {verify['run_id']}")
-    else:
-        lines.append("verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states")
-    if verify["retired_switch"]:
-        lines.append("verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing")
-    if verify["problem"]:
-        lines.append(f"settings problem: {verify['problem']}")
-    for fix in status["fixes"]:
-        first, last = fix["known_affected"]
-        lines += [
-            f"fix {fix['fix']}: {fix['decision']}",
-            f"  {fix['title']}",
-            f"  target: {fix['target']}",
-            f"  reason: {fix['reason']}",
-            f"  known affected: vLLM {first} to {last}; upstream fix: {fix['upstream_fix']}",
-        ]
-        if fix["generated_file"]:
-            lines.append(f"  generated source: {fix['generated_file']}")
-        lines += [f"  note: {note}" for note in fix["notes"]]
-    return "\n".join(lines)
