@@ -47,6 +47,11 @@ class StepCheck:
         """Every rank recorded its part of this forward."""
         return not self.errors and self.missing_note is None
 
+    @property
+    def ok(self) -> bool:
+        """Complete and not failed: what the harness's state runs (MiniMax-M3, V3.2) assert per step."""
+        return self.complete and not self.failed
+
 
 def shapes(
     states: list[Any], ids: Sequence[int], tokens: int, hidden_size: int
