@@ -574,7 +574,7 @@ class Sweep:
                     problems += [dataclasses.replace(p, aborted=p.file in aborted) for p in found]
                 cell.files = len(audited)
                 cell.exercised = exercised(workload_result)
-                unexercised = not_exercised(feature, workload_result)
+                unexercised = not_exercised(feature, workload_result, cell.decisions)
                 if unexercised and cell.verdict == "not run":
                     cell.verdict, cell.why = "unknown", unexercised
                 cell.requests = len(workload_result["requests"])
@@ -635,10 +635,12 @@ def exercised(workload: dict[str, Any]) -> str:
     return "; ".join(said)
 
 
-def not_exercised(feature: str, workload: dict[str, Any]) -> str:
+def not_exercised(feature: str, workload: dict[str, Any], patched: dict[str, str] | None = None) -> str:
     """Why the workload did not do what its feature names ("" where it did): a cell that cannot fail
-    says nothing."""
-    if feature == "prefix" and not any(r.get("cached") for r in workload["requests"]):
+    says nothing. No cached prefix is the repair itself where hidden-states-prefix-cache is `patched`
+    (it turns prefix caching off on 0.22-0.23)."""
+    uncached = not any(r.get("cached") for r in workload["requests"])
+    if feature == "prefix" and uncached and "hidden-states-prefix-cache" not in (patched or {}):
         return "vLLM reported no cached prefix tokens: prefix caching was not exercised"
     if feature == "preempt" and not workload.get("preemptions"):
         return "the scheduler preempted no request: preemption was not exercised"
