@@ -355,6 +355,7 @@ class Sweep:
         self, testenv: TestEnv, work: Path, log: Any = None, lock: str = "", reuse: bool = False
     ) -> None:
         self.testenv, self.work, self.lock, self.reuse = testenv, work, lock, reuse
+        self.waited = 0.0  # seconds spent waiting for the lock
         self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self._plugin: str | None = None
         self._fix_ids: list[str] | None = None
@@ -365,9 +366,29 @@ class Sweep:
         if not self.lock:
             return None
         wrapper = self.work / f"python-{release}"
-        wrapper.write_text(f'#!/bin/sh\nexec flock {self.lock} {self.testenv.python_for(release)} "$@"\n')
+        # once it holds the lock, it writes the time to $SWEEP_LOCKED_AT: the wait is not the cell's
+        held = 'date +%s.%N > "$SWEEP_LOCKED_AT"; exec "$0" "$@"'
+        python = self.testenv.python_for(release)
+        wrapper.write_text(f"#!/bin/sh\nexec flock {self.lock} sh -c '{held}' {python} \"$@\"\n")
         wrapper.chmod(0o755)
         return str(wrapper)
+
+    def timed(self, args: list[str], release: str, **kwargs: Any) -> tuple[Any, float]:
+        """TestEnv.run on the release (under the lock where one is given): the process and its seconds
+        from the moment it held the lock; the wait for the lock is added to `self.waited`."""
+        marker = self.work / "locked-at"
+        marker.unlink(missing_ok=True)
+        began = time.time()
+        done = self.testenv.run(
+            args, version=release, python=self.python(release), SWEEP_LOCKED_AT=str(marker), **kwargs
+        )
+        ended = time.time()
+        try:
+            held = float(marker.read_text().strip())
+        except (OSError, ValueError):
+            held = began
+        self.waited += max(0.0, held - began)
+        return done, ended - max(began, held)
 
     def plugin(self) -> str:
         """The hotfix installed from its wheel into a directory: vLLM loads it as a plugin."""
@@ -394,11 +415,7 @@ class Sweep:
         out = self.work / "checkpoints" / f"{model.name}-{release}"
         if self.reuse and (out / "config.json").exists():
             return out
-        done = self.testenv.run(
-            [self.testenv.script("zoo_checkpoint"), model.name, str(out)],
-            version=release,
-            python=self.python(release),
-        )
+        done, _ = self.timed([self.testenv.script("zoo_checkpoint"), model.name, str(out)], release)
         if done.returncode != 0:
             raise RuntimeError(f"{model.name}: the checkpoint was not built: {done.stderr[-2000:]}")
         return out
@@ -428,11 +445,7 @@ class Sweep:
             site("cpu_connector"),
             *((site("fault"),) if start.audit == "inplace" else ()),
         )
-        began = time.monotonic()
-        done = self.testenv.run(
-            args, version=release, paths=paths, timeout=1800, python=self.python(release), **env
-        )
-        seconds = time.monotonic() - began
+        done, seconds = self.timed(args, release, paths=paths, timeout=1800, **env)
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.log").write_text(done.stdout + done.stderr)
         result = child_result(done.stdout)
@@ -479,16 +492,7 @@ class Sweep:
             flags += ["--ir-op-priority", json.dumps(IR_OP_PRIORITY)]
             env.update(dict(STARTS["inplace"].env))
             paths += (site("fault"),)
-        began = time.monotonic()
-        done = self.testenv.run(
-            [*args, "--", *flags],
-            version=release,
-            paths=paths,
-            timeout=1800,
-            python=self.python(release),
-            **env,
-        )
-        seconds = time.monotonic() - began
+        done, seconds = self.timed([*args, "--", *flags], release, paths=paths, timeout=1800, **env)
         (data.parent / f"audit-{group}.log").write_text(done.stderr)
         try:
             document = json.loads(done.stdout)
@@ -590,6 +594,20 @@ class Sweep:
         return list(cells.values())
 
 
+_STAMP = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
+
+
+def log_seconds(log: str) -> float:
+    """Seconds from the first to the last time stamp of vLLM's log lines (0 without two): an engine
+    start's time without any wait for the lock, less its Python's start-up before vLLM's first line."""
+    stamps = [tuple(map(int, m.groups())) for m in _STAMP.finditer(log)]
+    if len(stamps) < 2:
+        return 0.0
+    (_, _, h0, m0, s0), (_, _, h1, m1, s1) = stamps[0], stamps[-1]
+    span = (h1 - h0) * 3600 + (m1 - m0) * 60 + (s1 - s0)
+    return float(span + 86400 if span < 0 else span)
+
+
 def _kept(path: Path, fallback: Path | None, what: tuple[str, ...]) -> dict[str, Any] | None:
     """What an earlier run of this work directory kept of an engine start (`start.json`) or an audit
     (`audit-GROUP.json`), for --reuse; else from its child's log or the audit's verdict.json, with the
@@ -606,9 +624,10 @@ def _kept(path: Path, fallback: Path | None, what: tuple[str, ...]) -> dict[str,
     )
     if len(rest) == 2:  # an engine start: (variant, start)
         variant, start = rest
+        log = fallback.read_text()
         mine = [c for c in records if c["variant"] == variant and FEATURES.get(c["feature"]) == start]
-        seconds = max((c["start_seconds"] for c in mine), default=0.0)
-        result = child_result(fallback.read_text())
+        seconds = log_seconds(log) or max((c["start_seconds"] for c in mine), default=0.0)
+        result = child_result(log)
         return {"result": result, "error": "" if result else "no result in its log", "seconds": seconds}
     (group,) = rest
     mine = [
@@ -616,7 +635,9 @@ def _kept(path: Path, fallback: Path | None, what: tuple[str, ...]) -> dict[str,
         for c in records
         if FEATURES.get(c["feature"]) in STARTS and STARTS[FEATURES[c["feature"]]].audit == group
     ]
-    seconds = max((c["audit_seconds"] for c in mine), default=0.0)
+    log = path.with_suffix(".log")  # audit-GROUP.log, its stderr
+    seconds = log_seconds(log.read_text()) if log.exists() else 0.0
+    seconds = seconds or max((c["audit_seconds"] for c in mine), default=0.0)
     return {"document": json.loads(fallback.read_text()), "error": "", "seconds": seconds}
 
 
@@ -765,7 +786,12 @@ def table(records: list[dict[str, Any]], runs: list[dict[str, Any]] | None = Non
                 f"- {run['measured']}: releases {', '.join(run['releases'])};"
                 f" models {', '.join(run['models'])};"
                 f" {run['cells_run']} cells run, {run['cells_na']} n/a, {len(run['findings'])} findings;"
-                f" {run['seconds'] / 60:.0f} min on {run['machine']}"
+                f" {(run['seconds'] - run.get('lock_wait_s', 0.0)) / 60:.0f} min on {run['machine']}"
+                + (
+                    f" (and {run['lock_wait_s'] / 60:.0f} min waiting for other jobs' runs)"
+                    if run.get("lock_wait_s")
+                    else ""
+                )
                 + (
                     f"; the new-release slice estimated at {run['slice_estimate_s'] / 60:.0f} min"
                     if run.get("slice_estimate_s")
@@ -894,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
             "features": features,
             "variants": variants,
             "seconds": round(seconds, 1),
+            "lock_wait_s": round(sweep.waited, 1),  # other jobs' vLLM runs, not the sweep's
             "cells_run": sum(c.verdict not in ("n/a", "not run") for c in cells),
             "cells_na": sum(c.verdict == "n/a" for c in cells),
             "findings": [c.key for c in findings],
@@ -905,7 +932,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         write_table()
     minutes = f"{estimate / 60:.0f} min" if estimate else "not measured"
-    print(f"whole: {seconds:.0f} s; {len(cells)} cells; the new-release slice estimated at {minutes}")
+    print(
+        f"whole: {seconds - sweep.waited:.0f} s (and {sweep.waited:.0f} s waiting for the lock);"
+        f" {len(cells)} cells; the new-release slice estimated at {minutes}"
+    )
     for cell in findings:
         first = cell.first_wrong or {}
         print(

@@ -155,6 +155,16 @@ def test_a_workload_that_did_not_exercise_its_feature_is_no_evidence() -> None:
     assert [sweep.not_exercised(f, cached) for f in ("prefix", "preempt", "abort")] == ["", "", ""]
 
 
+def test_a_starts_seconds_from_its_log_leave_out_the_wait_for_the_lock() -> None:
+    log = (
+        "(MainProcess pid=1) INFO 12-07 23:59:50 [api_utils.py:286] non-default args\n"
+        "Loading safetensors checkpoint shards: 100%\n"
+        "(EngineCore pid=2) INFO 12-08 00:01:05 [core.py:1] shutdown\nRESULT {}\n"
+    )
+    assert sweep.log_seconds(log) == 75.0
+    assert sweep.log_seconds("RESULT {}\n") == 0.0
+
+
 def test_features_share_engine_starts_unless_they_change_the_engine() -> None:
     shared = [f for f, s in sweep.FEATURES.items() if s == "base"]
     assert shared == ["defaults", "prefix", "mixed"]
