@@ -373,6 +373,24 @@ class Sweep:
         wrapper.chmod(0o755)
         return str(wrapper)
 
+    def site(self, *names: str) -> str:
+        """A directory for PYTHONPATH whose sitecustomize runs those of harness/child/sites/NAME in
+        order: Python imports one `sitecustomize`, the first on the path, so two sites need one that
+        runs both (the connector's CPU copies and the in-place norm's emulation)."""
+        if len(names) == 1:
+            return site(names[0])
+        both = self.work / ("sites-" + "-".join(names))
+        both.mkdir(parents=True, exist_ok=True)
+        files = [str(Path(site(name)) / "sitecustomize.py") for name in names]
+        lines = [
+            "import runpy",
+            "",
+            f"for _path in {files!r}:",
+            '    runpy.run_path(_path, run_name="_site")',
+        ]
+        (both / "sitecustomize.py").write_text("\n".join(lines) + "\n")
+        return str(both)
+
     def timed(self, args: list[str], release: str, **kwargs: Any) -> tuple[Any, float]:
         """TestEnv.run on the release (under the lock where one is given): the process and its seconds
         from the moment it held the lock; the wait for the lock is added to `self.waited`."""
@@ -440,11 +458,8 @@ class Sweep:
         }
         if variant == "stock":
             env.update(self.stock_env())
-        paths = (
-            self.plugin(),
-            site("cpu_connector"),
-            *((site("fault"),) if start.audit == "inplace" else ()),
-        )
+        sites = ["cpu_connector", *(["fault"] if start.audit == "inplace" else [])]
+        paths = (self.plugin(), self.site(*sites))
         done, seconds = self.timed(args, release, paths=paths, timeout=1800, **env)
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.log").write_text(done.stdout + done.stderr)
