@@ -629,7 +629,9 @@ def _kept(path: Path, fallback: Path | None, what: tuple[str, ...]) -> dict[str,
     seconds its saved cells recorded. None: nothing kept, run it."""
     if path.exists():
         kept: dict[str, Any] = json.loads(path.read_text())
-        return kept
+        if "seconds" in kept:
+            return kept
+        fallback = path  # the audit's bare document, as the sweep first kept it
     if fallback is None or not fallback.exists():
         return None
     release, model, *rest = what
@@ -800,20 +802,24 @@ def table(records: list[dict[str, Any]], runs: list[dict[str, Any]] | None = Non
             lines.append(
                 f"- {run['measured']}: releases {', '.join(run['releases'])};"
                 f" models {', '.join(run['models'])};"
-                f" {run['cells_run']} cells run, {run['cells_na']} n/a, {len(run['findings'])} findings;"
+                f" {run['cells_run']} cells run, {run['cells_na']} n/a, {len(run['findings'])} findings,"
+                f" {len(run.get('errors') or [])} cells that could not run;"
                 f" {(run['seconds'] - run.get('lock_wait_s', 0.0)) / 60:.0f} min on {run['machine']}"
                 + (
                     f" (and {run['lock_wait_s'] / 60:.0f} min waiting for other jobs' runs)"
-                    if run.get("lock_wait_s")
-                    else ""
-                )
-                + (
-                    f"; the new-release slice estimated at {run['slice_estimate_s'] / 60:.0f} min"
-                    if run.get("slice_estimate_s")
-                    else ""
+                    if "lock_wait_s" in run
+                    else " (wall clock, with waits for other jobs' runs: this run did not count them)"
                 )
             )
         lines.append("")
+    estimate = slice_estimate([r["cell"] for r in records])
+    if estimate:
+        lines += [
+            f"The new-release slice (every model and feature CPU runs on one release, stock and hotfix),"
+            f" estimated from the engine starts and audits of these results: {estimate / 60:.0f} min"
+            " on this 2-core machine, without waits for other jobs' runs.",
+            "",
+        ]
     for why, mark in notes.items():
         lines.append(f"[^{mark}]: {why}")
     return "\n".join(lines)
@@ -827,25 +833,31 @@ def write_table(results: Path = RESULTS, doc: Path = DOC) -> None:
     doc.write_text(with_block(doc.read_text(), table(load(results), load_runs(results)), *MARKERS))
 
 
-def slice_estimate(cells: list[Cell], models: list[str] | None = None) -> float | None:
-    """The new-release slice's seconds: the newest release, every model and feature CPU runs, both
-    variants; each engine start and audit at the mean of those measured in this run."""
-    starts = {
-        (c.release, c.model, c.variant, tuple(c.start_features)): c.start_seconds
-        for c in cells
-        if c.start_features
-    }
-    audits = {(c.release, c.model, c.audit_seconds) for c in cells if c.audit_seconds}
-    if not starts or not audits:
+def slice_estimate(cells: list[dict[str, Any]], models: list[str] | None = None) -> float | None:
+    """The new-release slice's seconds on this machine: every model and feature CPU runs on the newest
+    release, both variants. Each engine start at the mean of that start's measured ones (any start's
+    mean where it was not measured), each audit at the mean of the measured audits; cells are records'
+    `cell`s (or Cell.__dict__), waits for a shared lock not counted."""
+    starts: dict[str, dict[tuple[str, ...], float]] = {}
+    audits: dict[tuple[str, ...], float] = {}
+    for c in cells:
+        if c["start_features"]:
+            start = FEATURES[c["start_features"][0]]
+            starts.setdefault(start, {})[(c["release"], c["model"], c["variant"])] = c["start_seconds"]
+        if c["audit_seconds"]:
+            group = STARTS[FEATURES[c["feature"]]].audit
+            audits[(c["release"], c["model"], group)] = c["audit_seconds"]
+    measured = [v for by in starts.values() for v in by.values()]
+    if not measured or not audits:
         return None
-    start_s = sum(starts.values()) / len(starts)
-    audit_s = sum(a for *_, a in audits) / len(audits)
+    mean = sum(measured) / len(measured)
+    per_start = {name: sum(by.values()) / len(by) for name, by in starts.items()}
+    audit_s = sum(audits.values()) / len(audits)
     total = 0.0
     for name in models or list(MODELS):
-        model = MODELS[name]
-        runnable = [f for f in FEATURES if not na_reason(NEWEST, model, f)]
-        used = {FEATURES[f] for f in runnable}
-        total += len(used) * len(VARIANTS) * start_s + len({STARTS[u].audit for u in used}) * audit_s
+        used = {FEATURES[f] for f in FEATURES if not na_reason(NEWEST, MODELS[name], f)}
+        total += sum(per_start.get(u, mean) for u in used) * len(VARIANTS)
+        total += len({STARTS[u].audit for u in used}) * audit_s
     return total
 
 
@@ -922,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - began
     findings = [c for c in cells if c.finding]
     errors = [c for c in cells if c.verdict == "error"]
-    estimate = slice_estimate(cells)
+    estimate = slice_estimate([dataclasses.asdict(c) for c in cells])
     if not args.no_save and not args.reuse:  # a re-judging keeps the record of the run that ran
         from harness.bench_results import machine
 
