@@ -652,8 +652,8 @@ def _kept(path: Path, fallback: Path | None, what: tuple[str, ...]) -> dict[str,
         for c in records
         if FEATURES.get(c["feature"]) in STARTS and STARTS[FEATURES[c["feature"]]].audit == group
     ]
-    log = path.with_suffix(".log")  # audit-GROUP.log, its stderr
-    seconds = log_seconds(log.read_text()) if log.exists() else 0.0
+    stderr = path.with_suffix(".log")  # audit-GROUP.log
+    seconds = log_seconds(stderr.read_text()) if stderr.exists() else 0.0
     seconds = seconds or max((c["audit_seconds"] for c in mine), default=0.0)
     return {"document": json.loads(fallback.read_text()), "error": "", "seconds": seconds}
 
