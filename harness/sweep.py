@@ -381,12 +381,16 @@ class Sweep:
             return site(names[0])
         both = self.work / ("sites-" + "-".join(names))
         both.mkdir(parents=True, exist_ok=True)
-        files = [str(Path(site(name)) / "sitecustomize.py") for name in names]
+        # each as a module of its own, kept in sys.modules: what its import hooks hold must live on
+        files = {f"_sweep_site_{name}": str(Path(site(name)) / "sitecustomize.py") for name in names}
         lines = [
-            "import runpy",
+            "import importlib.util",
+            "import sys",
             "",
-            f"for _path in {files!r}:",
-            '    runpy.run_path(_path, run_name="_site")',
+            f"for _name, _path in {files!r}.items():",
+            "    _spec = importlib.util.spec_from_file_location(_name, _path)",
+            "    sys.modules[_name] = importlib.util.module_from_spec(_spec)",
+            "    _spec.loader.exec_module(sys.modules[_name])",
         ]
         (both / "sitecustomize.py").write_text("\n".join(lines) + "\n")
         return str(both)
