@@ -453,6 +453,8 @@ class Sweep:
                 return kept["result"], kept["error"], kept["seconds"], out
         ids = sorted({*model.ids, *start.ids_add})
         kwargs = {"block_size": block_size(release), **dict(model.base_kwargs), **dict(start.kwargs)}
+        if vtuple(release)[:2] < (0, 24):  # 0.22-0.23's connector refuses vLLM's default, chunked prefill
+            kwargs.setdefault("enable_chunked_prefill", False)
         args = [self.testenv.script("sweep_cell"), "--checkpoint", str(checkpoint), "--out", str(out)]
         args += ["--ids", ",".join(map(str, ids)), "--workloads", ",".join(workloads)]
         args += ["--engine-kwargs", json.dumps(kwargs)]
