@@ -39,14 +39,15 @@ import time
 began = time.monotonic()
 import os, sys
 from pathlib import Path
-from vllm_hotfix.audit import files, job as audit
-from vllm_hotfix import own_engine
-from vllm_hotfix.verify import command
+from vllm_hotfix.audit import files
+from vllm_hotfix.commands import audit
+from vllm_hotfix.commands import session
 data, model, ids, flags = sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(",")], sys.argv[4:]
-prompts = [{"prompt_token_ids": files.token_ids(files.read_header(p))} for p in files.discover(Path(data))]
-engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
+found = [files.read_header(path) for _, path in files.listing(Path(data)).files]
+prompts = [{"prompt_token_ids": files.token_ids(one)} for one in found]
+engine = session.engine_args_from(session.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
-computed = audit.engine_ids(ids, int(config.hf_text_config.num_hidden_layers))  # as the audit asks
+computed = session.with_neighbours(ids, int(config.hf_text_config.num_hidden_layers))  # as the audit asks
 engine.speculative_config = {
     "method": "extract_hidden_states",
     "num_speculative_tokens": 1,
@@ -54,14 +55,14 @@ engine.speculative_config = {
 }
 engine.enable_prefix_caching = False
 engine.enable_chunked_prefill = False
-command.no_cuda_graphs(engine)
+session.no_cuda_graphs(engine)
 from vllm import SamplingParams
-llm = own_engine.start(engine)
+llm = session.start(engine)
 print(f"vLLM started in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
 prefill = SamplingParams(max_tokens=1, temperature=0.0)
-from vllm_hotfix.verify import settings
+from vllm_hotfix.runtime import settings as settings
 sizes = lambda prompt: len(prompt["prompt_token_ids"])
-for batch in audit.batches(prompts, sizes, settings.read().tokens):  # the audit's generate calls
+for batch in audit.batches(prompts, sizes, settings.read_verify().tokens):  # the audit's generate calls
     llm.generate(batch, prefill, use_tqdm=False)
 llm.llm_engine.engine_core.shutdown()
 print("baseline done", flush=True)
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 def _tokens(data: Path) -> int:
     from vllm_hotfix.audit import files
 
-    return sum(files.read_header(path).tokens for path in files.discover(data))
+    return sum(files.read_header(path).tokens for _, path in files.listing(data).files)
 
 
 if __name__ == "__main__":

@@ -119,7 +119,7 @@ def _token_counts(data: Path) -> list[int]:
     """Each file's tokens, as the audit reads them."""
     from vllm_hotfix.audit import files
 
-    return [files.read_header(path).tokens for path in files.discover(data)]
+    return [files.read_header(path).tokens for _, path in files.listing(data).files]
 
 
 if __name__ == "__main__":

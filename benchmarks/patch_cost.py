@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import vllm_hotfix  # armed before vLLM, as the plugin or site hook would be
-    from vllm_hotfix.decisions import Decision
     from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
+    from vllm_hotfix.runtime.decisions import Decision
 
     fix = next((fix for fix in ALL_FIXES if fix.fix_id == args.fix), None)
     if fix is None:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     version = sys.modules["vllm"].__version__
     import_s = time.perf_counter() - t0
     print(f"vLLM {version}: importing {fix.module} took {import_s:.2f} s")
-    from vllm_hotfix import codegen, decide, patching, settings
+    from vllm_hotfix.runtime import codegen, decide, patching, settings
 
     (row,) = [row for row in vllm_hotfix.status()["fixes"] if row["fix"] == fix.fix_id]
     print(f"fix {fix.fix_id}: {row['decision']}")

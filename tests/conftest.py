@@ -125,7 +125,7 @@ def _verdicts(row: Any) -> str:
     """A new release's verdicts in a few words, each `unknown` with its reason."""
     if row.skipped or row.error:
         return f"skipped: {row.skipped or row.error}"
-    from vllm_hotfix.decisions import Decision
+    from vllm_hotfix.runtime.decisions import Decision
 
     return ", ".join(
         f"{o.fix_id}: {o.verdict.value}" + (f" ({o.reason})" if o.verdict is Decision.UNKNOWN else "")

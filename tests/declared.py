@@ -12,8 +12,8 @@ from typing import Any
 
 from harness.releases import version_key
 from tests.stored_sources import Case, case
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.runtime.decisions import Decision
 
 
 def key(version: str) -> Any:

@@ -12,11 +12,13 @@ def refused_engine_flags() -> dict[str, Any]:
     refuse as a near miss of its own options (run in the test environment)."""
     from vllm.engine.arg_utils import EngineArgs, FlexibleArgumentParser
 
-    from vllm_hotfix import cli
+    from vllm_hotfix.commands import parser as command_line
 
     engine = EngineArgs.add_cli_args(FlexibleArgumentParser())
     flags = sorted({s for a in engine._actions for s in a.option_strings if s.startswith("--")})
-    commands = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = next(
+        a for a in command_line.build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    )
     refused = {}
     for name in ("verify", "audit"):
         parser = commands.choices[name]

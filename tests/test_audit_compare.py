@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import precision
 from vllm_hotfix.audit import compare, files
+from vllm_hotfix.judging import precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -101,7 +101,7 @@ def test_bad_files_are_na_with_why(tmp_path: Path) -> None:
         }
     ).encode()
     (tmp_path / "float-ids.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
-    said = {p.name: files.read_header(p).na for p in files.discover(tmp_path)}
+    said = {p.name: files.read_header(p).na for p in (path for _, path in files.listing(tmp_path).files)}
     assert said["good.safetensors"] is None
     assert said["cut.safetensors"] == (
         "unreadable header: SafetensorError: Error while deserializing header: incomplete metadata, file"
@@ -181,8 +181,8 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
     """The audit's judgement of files whose engine-side results say `statuses` (no engine)."""
     import argparse
 
-    from vllm_hotfix.audit.job import Audit
     from vllm_hotfix.audit.selection import Chosen
+    from vllm_hotfix.commands.audit import Audit
 
     data = tmp_path / "data"
     data.mkdir()
@@ -214,14 +214,15 @@ def _audit_of(tmp_path: Path, statuses: list[str]) -> object:
 def test_no_file_is_ok_or_wrong_unless_the_check_passed(
     tmp_path: Path, check: str, statuses: list[str], verdict: str, code: int
 ) -> None:
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     audit = _audit_of(tmp_path, statuses)
     judged = Outcome(check, {"PASS": 0, "FAIL": 1, "UNKNOWN": 2}[check], "why", [], 0)
     audit.collect()
     counts, rows, _ = audit.judgement(judged)
     assert (
-        audit.verdict(judged, counts, rows)[:2] == (verdict, code) and audit.exit_code(None, judged) == code
+        audit.verdict(judged, counts, rows)[:2] == (verdict, code)
+        and audit.said(None, judged, False).code == code
     )
     if check != "PASS":
         assert all(r["status"] == "n/a" and "unproven" in r["why"] for r in rows)
@@ -233,7 +234,7 @@ def test_no_file_is_ok_or_wrong_unless_the_check_passed(
 def test_a_file_never_recomputed_says_whether_the_run_ended_early(tmp_path: Path) -> None:
     """vLLM failing at start-up leaves every file without a result: its why must say so, not
     blame the file."""
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     audit = _audit_of(tmp_path, ["ok"])
     (Path(audit.out) / "0.json").unlink()

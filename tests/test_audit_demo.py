@@ -27,7 +27,7 @@ def demo() -> ModuleType:
 
 
 def audit_output(*wrong: str, ok: int = 5, files: int = 6, verdict: str = "FAIL", code: int = 1) -> str:
-    """The text `vllm-hotfix audit` prints (vllm_hotfix/audit/job.py: Audit.text)."""
+    """The text `vllm-hotfix audit` prints (vllm_hotfix/commands/audit.py: Audit.said)."""
     lines = ["pre-flight check: PASS (every forward of the 1 worker process(es) was checked and passed)"]
     lines += [f"wrong {line}" for line in wrong]
     counts = f"{ok} ok, {len(wrong)} wrong, {files - ok - len(wrong)} n/a of {files} files audited"

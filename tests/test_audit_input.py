@@ -7,20 +7,19 @@ and their merge. Files and states are made here (safetensors, torch)."""
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import struct
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from vllm_hotfix import cli, precision
 from vllm_hotfix.audit import bound, compare, files, merge, selection, verdict
-from vllm_hotfix.audit import command as audit_command
-from vllm_hotfix.audit import job as audit_job
-from vllm_hotfix.verify import command as verify_command
+from vllm_hotfix.commands import audit as audit_command
+from vllm_hotfix.commands import cli, session
+from vllm_hotfix.judging import precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -48,10 +47,10 @@ def raw(path: Path, header: dict[str, Any], body: bytes) -> Path:
 def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test here starts vLLM: where one would, it fails instead."""
 
-    def refused(run: object) -> int:
+    def refused(self: object) -> int:
         pytest.fail("the audit would start an engine here")
 
-    monkeypatch.setattr(audit_command.verify_command, "run_with", refused)
+    monkeypatch.setattr(session.Session, "__enter__", refused)
 
 
 @pytest.fixture
@@ -81,7 +80,7 @@ def test_every_malformed_header_is_na_with_the_readers_reason(tmp_path: Path) ->
     write(tmp_path / "int8.safetensors", dtype=torch.int8)
     good = write(tmp_path / "good.safetensors").read_bytes()
     (tmp_path / "padded.safetensors").write_bytes(good + b"xx")
-    said = {p.name: files.read_header(p).na for p in files.discover(tmp_path)}
+    said = {p.name: files.read_header(p).na for p in (path for _, path in files.listing(tmp_path).files)}
     assert said.pop("good.safetensors") is None
     assert said.pop("int8.safetensors") == (
         "hidden_states stored as I8: not a precision the audit reads (F64, F32, F16, BF16, F8_E4M3, F8_E5M2)"
@@ -253,16 +252,23 @@ def test_each_file_that_cannot_be_audited_is_named_before_the_engine(tmp_path: P
     assert (chosen.total, chosen.links) == (8, 1)  # the link to ok-0 counted once
 
 
-def _audit(
-    chosen: selection.Chosen, tmp_path: Path, **more: Any
-) -> tuple[audit_job.Audit, verify_command.Run]:
-    """The audit of `chosen` and its engine's run as they are before the engine (no vLLM)."""
+class _Session:
+    """An engine session as the audit's files see it, without vLLM: `llm` set by the test."""
+
+    def __init__(self, vocab: int = 1000, max_len: int = 256) -> None:
+        self.llm: Any = None
+        self.vocab, self.max_len, self.phase = vocab, max_len, ""
+
+    def records(self) -> Any:
+        return types.SimpleNamespace(consume=lambda: None)
+
+
+def _audit(chosen: selection.Chosen, tmp_path: Path, **more: Any) -> tuple[audit_command.Audit, _Session]:
+    """The audit of `chosen` and its engine's session as they are before the engine (no vLLM)."""
     namespace = argparse.Namespace(model="m", json=True, engine_args=[], **more)
-    audit = audit_job.Audit(namespace, chosen)
-    run = verify_command.Run(namespace, io.StringIO(), audit)
-    run.plan = verify_command.Plan("run", str(tmp_path / "reports"), [], [])
-    audit.before_vllm(run)
-    return audit, run
+    audit = audit_command.Audit(namespace, chosen)
+    audit.begin(str(tmp_path / "reports" / "run"))
+    return audit, _Session()
 
 
 def test_each_file_is_read_once_and_keyed_on_its_first_k_tokens(
@@ -432,7 +438,7 @@ def test_max_tokens_judges_the_first_k_rows_only(tmp_path: Path) -> None:
 # -- shards and their merge ---------------------------------------------------------------------
 def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: str) -> dict[str, Any]:
     """The document of one run (or shard) whose engine-side results say `statuses` per file name."""
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
 
     chosen = selection.choose(args(tmp_path / "data", model, *more))
     out = tmp_path / f"out-{'-'.join(more)}"
@@ -444,7 +450,7 @@ def _judged_run(tmp_path: Path, model: Path, statuses: dict[str, str], *more: st
             json.dumps({"file": str(found.path), "status": status, "per_id": per_id})
         )
     namespace = argparse.Namespace(model=str(model), json=True, engine_args=[])
-    audit = audit_job.Audit(namespace, chosen)
+    audit = audit_command.Audit(namespace, chosen)
     audit.out = str(out)
     return audit.document(None, Outcome("PASS", 0, "checked", [], 0), False)
 
@@ -486,6 +492,14 @@ def test_two_shards_merged_give_the_verdict_and_bound_of_one_run(tmp_path: Path,
     for key in ("verdict", "exit_code", "reason", "estimate"):
         assert merged[key] == one[key], key
     assert sorted(r["file"] for r in merged["files"]) == sorted(r["file"] for r in one["files"])
+    # a shard that failed: its reason once, the counts once (the merged ones), not the shard's again
+    failed = shards[0][1] | {
+        "exit_code": 3,
+        "reason": f"vLLM failed; {verdict.summary(shards[0][1]['counts'])}",
+    }
+    merged = merge.merge([("rank0.json", failed), shards[1]])
+    assert merged["exit_code"] == 3 and merged["reason"].count(" audited") == 1, merged["reason"]
+    assert merged["reason"] == f"rank 0: vLLM failed; {verdict.summary(merged['counts'])}"
 
 
 def test_a_merge_refuses_shards_of_other_audits_and_says_a_missing_rank(
@@ -508,6 +522,9 @@ def test_a_merge_refuses_shards_of_other_audits_and_says_a_missing_rank(
     code, out, _ = _main(["audit-merge", str(paths[0])], capsys)
     assert code == 2 and "ranks [1] of 2 missing" in out
     code, _, err = _main(["audit-merge", str(paths[0]), str(paths[0])], capsys)
+    assert code == 4 and f"REPORT {paths[0]} given twice" in err
+    (tmp_path / "copy.json").write_text(paths[0].read_text())
+    code, _, err = _main(["audit-merge", str(paths[0]), str(tmp_path / "copy.json")], capsys)
     assert code == 4 and "are both rank 0" in err
     for key, value in (("model", "other"), ("ids", [1, 2, 3])):
         other = json.loads(paths[1].read_text()) | {key: value}
@@ -537,7 +554,7 @@ def test_a_file_that_breaks_after_it_was_chosen_costs_no_other_its_prompt(
             self.prompts += prompts
 
     run.llm = engine = Engine()
-    audit.workload(run, 1000, 256, lambda **kw: kw)
+    audit.run_files(run, lambda **kw: kw)  # type: ignore[arg-type]
     assert len(engine.prompts) == len(chosen.audited) - 1
     rows = {r["file"]: r for r in audit.judgement(None)[1]}
     assert rows[str(broken)]["status"] == "n/a" and rows[str(broken)]["why"].startswith(
@@ -551,7 +568,34 @@ def test_each_generate_call_fits_the_tokens_the_preflight_compares() -> None:
     found = [
         files.DataFile(Path(f"{i}"), tokens=n) for i, n in enumerate([3000, 1000, 96, 1, 5000, 10, 4096])
     ]
-    calls = list(audit_job.batches(found, lambda f: f.tokens, 4096))
+    calls = list(audit_command.batches(found, lambda f: f.tokens, 4096))
     assert [[f.tokens for f in call] for call in calls] == [[3000, 1000, 96], [1], [5000], [10], [4096]]
     many = [files.DataFile(Path(f"{i}"), tokens=1) for i in range(130)]
-    assert [len(c) for c in audit_job.batches(many, lambda f: f.tokens, 4096)] == [64, 64, 2]
+    assert [len(c) for c in audit_command.batches(many, lambda f: f.tokens, 4096)] == [64, 64, 2]
+
+
+def test_a_sample_without_an_auditable_file_is_each_file_na_not_a_usage_error(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Of a sample, only the sampled files were read: none auditable says nothing of DATA, so each
+    is `n/a` with why (exit 2), as a shard's files are; every file of DATA unauditable is exit 4."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        write(data / f"two-ids-{i}.safetensors", ids=2, first=10 * i)
+    code, out, err = _main(
+        ["audit", str(data), str(model), "--ids", "1,2,4", "--sample", "2", "--json"], capsys
+    )
+    found = json.loads(out)
+    assert code == found["exit_code"] == 2 and found["counts"] == {"ok": 0, "wrong": 0, "n/a": 2}, err
+    assert [row["why"] for row in found["files"]] == [
+        "holds 2 ids per token, not the 3 of --ids [1, 2, 4]"
+    ] * 2
+    code, _, err = _main(["audit", str(data), str(model), "--ids", "1,2,4", "--all"], capsys)
+    assert code == 4 and "no file of DATA" in err
+
+
+def test_data_that_is_a_file_says_so(tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path / "one.safetensors")
+    code, _, err = _main(["audit", str(path), str(model), "--ids", "1,2,4"], capsys)
+    assert code == 4 and f"DATA {path}: a file, not a directory" in err, err

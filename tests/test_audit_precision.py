@@ -1,4 +1,4 @@
-"""The audit's precision model (vllm_hotfix/precision.py) on states made here, no engine.
+"""The audit's precision model (vllm_hotfix/judging/precision.py) on states made here, no engine.
 
 Right states stored at every precision producers use (float32, float16, bfloat16, fp8 e4m3 and
 e5m2), read back from safetensors files, are `ok` against a float32 or a bfloat16 recomputation
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import precision
 from vllm_hotfix.audit import compare, files
+from vllm_hotfix.judging import precision
 
 torch = pytest.importorskip("torch")
 safetensors = pytest.importorskip("safetensors.torch")
@@ -197,9 +197,9 @@ def test_the_auditor_judges_a_bf16_file_at_bf16_and_records_the_rule(tmp_path: P
 
 
 def test_a_non_finite_reference_makes_the_run_an_error(tmp_path: Path) -> None:
-    from vllm_hotfix.audit.job import Audit
     from vllm_hotfix.audit.selection import Chosen
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
+    from vllm_hotfix.commands.audit import Audit
 
     references = recomputed(torch.float32)
     stored = made_elsewhere(references, "float32")
@@ -259,9 +259,9 @@ def test_the_expert_layer_names_are_vllms(testenv) -> None:
 
 
 def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
-    from vllm_hotfix.audit.job import Audit
     from vllm_hotfix.audit.selection import Chosen
-    from vllm_hotfix.verify.outcome import Outcome
+    from vllm_hotfix.check.outcome import Outcome
+    from vllm_hotfix.commands.audit import Audit
 
     references = recomputed(torch.bfloat16, tokens=200)
     stored = made_elsewhere(references, "bfloat16")
@@ -276,6 +276,6 @@ def test_the_text_says_k_of_t_tokens_for_an_ok_moe_file(tmp_path: Path) -> None:
     chosen = Chosen(tmp_path, IDS, audited=[files.read_header(path)])
     audit = Audit(argparse.Namespace(model="m", json=False, engine_args=[], tolerance=None), chosen)
     audit.out = str(tmp_path / "out")
-    text = audit.text(None, Outcome("PASS", 0, "all checked", [], 0))
-    said = "note: id 4: 1 ok files have tokens over the tolerance (at most 2 of 200), within what a MoE"
+    text = audit.said(None, Outcome("PASS", 0, "all checked", [], 0), False).text
+    said = "note: id 4: ok 1 file with tokens over the tolerance (at most 2 of 200), within what a MoE"
     assert said in text, text

@@ -30,7 +30,7 @@ import pytest
 
 from harness import stand_in_vllm
 from harness.testenv import TestEnv
-from vllm_hotfix import site_hook
+from vllm_hotfix.runtime import site_hook
 
 BREAKAGES = {
     "syntax-error": "\ndef broken(:\n",
@@ -118,7 +118,13 @@ def reported(done: subprocess.CompletedProcess[str]) -> bool:
 CASES = _cases()
 # Where errors are contained and what is loaded before anything can be: a way that left one of
 # them out of its cases would leave its breakage untested.
-ALWAYS_LOADED = ("__init__.py", "containment.py", "_version.py", "engine.py", "decide.py")
+ALWAYS_LOADED = (
+    "__init__.py",
+    "runtime/containment.py",
+    "_version.py",
+    "runtime/arming.py",
+    "runtime/decide.py",
+)
 
 
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
@@ -154,7 +160,7 @@ def test_an_error_while_deciding_never_breaks_vllm_outside_strict_mode(work: Pat
     """Broken at call time, not at import: the switches cannot be read when the module is imported."""
     copy = work / "read-settings-raises"
     stand_in_vllm.copy_hotfix(copy)
-    with open(copy / "vllm_hotfix" / "settings.py", "a", encoding="utf-8") as handle:
+    with open(copy / "vllm_hotfix" / "runtime/settings.py", "a", encoding="utf-8") as handle:
         handle.write("\n\ndef read_settings(*args, **kwargs):\n    raise RuntimeError('broken on purpose')\n")
     for way in WAYS:
         done = run(work, copy, way, strict=False)
@@ -177,11 +183,11 @@ def test_the_intact_copy_patches_through_every_way(work: Path) -> None:
 
 @pytest.mark.vllm
 def test_a_broken_settings_module_never_breaks_the_real_vllm(testenv: TestEnv, tmp_path: Path) -> None:
-    """On the real vLLM, the launch-script import and the plugin (both installed): settings.py
+    """On the real vLLM, the launch-script import and the plugin (both installed): runtime/settings.py
     raising at import once made `import vllm` itself raise, from the arming's error handler."""
     copy = tmp_path / "copy"
     stand_in_vllm.copy_hotfix(copy)
-    with open(copy / "vllm_hotfix" / "settings.py", "a", encoding="utf-8") as handle:
+    with open(copy / "vllm_hotfix" / "runtime/settings.py", "a", encoding="utf-8") as handle:
         handle.write(BREAKAGES["raises"])
     code = (
         "import vllm_hotfix\n"

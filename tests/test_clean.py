@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO
-from vllm_hotfix import clean, codegen
+from vllm_hotfix.commands import clean
+from vllm_hotfix.runtime import codegen
 
 DAY = 86400
 OLD, RECENT = "deepseek_final_aux_0123456789abcdef.py", "cpu_sampler_fp64_gumbel_fedcba9876543210.py"
@@ -47,10 +48,17 @@ def places(tmp_path: Path) -> dict[str, Path]:
     }
 
 
-def run_clean(places: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+class Cleaned(subprocess.CompletedProcess[str]):
+    """`vllm-hotfix clean`'s run, its stdout (the files, then the summary: results go to stdout)
+    split into the files (`stdout`) and the summary's line (`summary`)."""
+
+    summary: str
+
+
+def run_clean(places: dict[str, Path], *args: str) -> Cleaned:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
     env.update(PYTHONPATH=str(REPO), XDG_CACHE_HOME=str(places["xdg"]), TMPDIR=str(places["tmp"]))
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "vllm_hotfix", "clean", *args],
         capture_output=True,
         text=True,
@@ -58,6 +66,11 @@ def run_clean(places: dict[str, Path], *args: str) -> subprocess.CompletedProces
         cwd=str(places["victim"]),
         timeout=120,
     )
+    *files, summary = done.stdout.splitlines() or [""]
+    assert " generated source(s) " in summary, done.stdout + done.stderr
+    found = Cleaned(done.args, done.returncode, "".join(f"{line}\n" for line in files), done.stderr)
+    found.summary = summary
+    return found
 
 
 def names(directory: Path) -> list[str]:
@@ -89,7 +102,7 @@ def test_clean_removes_old_generated_sources_and_nothing_else(places: dict[str, 
     assert sorted(dry.stdout.splitlines()) == sorted(
         [f"would remove {cache / OLD}", f"would remove {temp / OLD_IN_TMP}"]
     )
-    assert "would remove 2 generated source(s) not used for 30 days" in dry.stderr
+    assert dry.summary.startswith("would remove 2 generated source(s) not used for 30 days"), dry.summary
     assert names(cache) == before and names(temp) == [OLD_IN_TMP]
 
     done = run_clean(places)

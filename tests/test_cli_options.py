@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,10 +19,8 @@ from tests.in_subprocess import run_in_subprocess
 
 def parse(*argv: str) -> int:
     """The exit code of reading the command line (0: read, the command would run)."""
-    from vllm_hotfix import cli
-    from vllm_hotfix.cli_output import Parser
+    from vllm_hotfix.commands import cli
 
-    Parser.json_requested = False
     try:
         cli.parse(list(argv))
     except SystemExit as stop:
@@ -91,21 +88,17 @@ def test_model_as_an_option_says_model_is_positional(
 def test_model_among_the_engine_arguments_is_a_usage_error_before_vllm(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vllm_hotfix import cli, own_engine
-    from vllm_hotfix.cli_output import Parser
-    from vllm_hotfix.verify import command
+    from vllm_hotfix.commands import cli, session
 
-    monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
-    monkeypatch.setattr(Parser, "json_requested", False)
-    args = cli.parse(["verify", "M", "--report-dir", str(tmp_path), "--", "--model", "X"])
+    monkeypatch.setattr(session, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     with pytest.raises(SystemExit) as stop:
-        command.run_with(command.Run(args, sys.stdout, command.Check()))
+        cli.main(["verify", "M", "--report-dir", str(tmp_path), "--", "--model", "X"])
     assert stop.value.code == 4
     assert "--model in the engine arguments: give the model as MODEL (positional)" in capsys.readouterr().err
 
 
 def test_engine_flags_go_to_vllm_with_or_without_the_separator() -> None:
-    from vllm_hotfix import cli
+    from vllm_hotfix.commands import cli
 
     flags = ["-tp", "2", "--ubatch-size", "2", "--load-format", "dummy", "--seed", "1", "-O3"]
     assert cli.parse(["verify", "M", *flags]).engine_args == flags
@@ -121,14 +114,16 @@ def test_no_engine_flag_of_vllm_is_taken_for_a_near_miss(testenv: TestEnv, versi
     assert facts["flags"] > 100 and facts["refused"] == {"verify": [], "audit": []}, facts["refused"]
 
 
-def verify_in(bare: tuple[str, str], *argv: str, command: str = "verify") -> subprocess.CompletedProcess[str]:
+def verify_in(
+    bare: tuple[str, str], *argv: str, command: str = "verify", **env: str
+) -> subprocess.CompletedProcess[str]:
     python, only_wrapt = bare
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
     return subprocess.run(
         [python, "-m", "vllm_hotfix", command, *argv],
         capture_output=True,
         text=True,
-        env={**base, "PYTHONPATH": os.pathsep.join([str(REPO), only_wrapt])},
+        env={**base, "PYTHONPATH": os.pathsep.join([str(REPO), only_wrapt]), **env},
         cwd=outside_checkout(),
         timeout=120,
     )
@@ -138,8 +133,8 @@ def test_verify_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str]
     model = tmp_path / "model"
     model.mkdir()
     done = verify_in(bare_python, str(model))
-    assert done.returncode == 3 and done.stderr == "", done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == 3 and done.stdout == "", done.stdout + done.stderr  # a message: stderr
+    (line,) = done.stderr.splitlines()
     assert line.startswith(f"vllm-hotfix verify: no vLLM importable by {bare_python[0]}:")
     assert "run `python -m vllm_hotfix verify` there" in line
 
@@ -150,6 +145,7 @@ def test_verify_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str]
     # a usage error is still one, and comes first
     assert verify_in(bare_python, str(model), "--prompt-length", "16").returncode == 4
     assert verify_in(bare_python, str(tmp_path / "nonesuch")).returncode == 4
+    assert verify_in(bare_python, str(model), VLLMHOTFIX_VERIFY_TOKENS="x").returncode == 4
 
 
 def test_audit_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str], tmp_path: Path) -> None:
@@ -160,9 +156,27 @@ def test_audit_without_vllm_is_one_line_and_exit_3(bare_python: tuple[str, str],
     for n in range(3):
         (data / f"hs_{n}.safetensors").write_bytes(b"not read")
     done = verify_in(bare_python, str(data), str(model), "--ids", "1,2", command="audit")
-    assert done.returncode == 3 and done.stderr == "", done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == 3 and done.stdout == "", done.stdout + done.stderr  # a message: stderr
+    (line,) = done.stderr.splitlines()
     assert line.startswith(f"vllm-hotfix audit: no vLLM importable by {bare_python[0]}:")
     done = verify_in(bare_python, str(data), str(model), "--ids", "1,2", "--json", command="audit")
     found = json.loads(done.stdout)
     assert done.returncode == found["exit_code"] == 3 and found["reason"] == line and found["files"] == []
+    # usage first, as verify: each mistake exits 4 before the missing vLLM is looked for
+    for argv, env in (
+        (["--ids", "1,2", "--rank", "1"], {}),
+        (["--ids", "1,2", "--", "--model", "M"], {}),
+        (["--ids", "1,2"], {"VLLMHOTFIX_VERIFY_TOKENS": "x"}),
+    ):
+        done = verify_in(bare_python, str(data), str(model), *argv, command="audit", **env)
+        assert done.returncode == 4 and "no vLLM" not in done.stderr, (argv, done.stderr)
+    done = verify_in(bare_python, str(data / "hs_0.safetensors"), str(model), "--ids", "1", command="audit")
+    assert done.returncode == 4 and "a file, not a directory" in done.stderr, done.stderr
+
+
+def test_status_without_vllm_says_an_invalid_setting_first(bare_python: tuple[str, str]) -> None:
+    """A bad VLLMHOTFIX_DISABLE is a usage error (exit 4), as docs/usage.md says, vLLM or not."""
+    done = verify_in(bare_python, command="status", VLLMHOTFIX_DISABLE="bogus")
+    assert done.returncode == 4 and "'bogus' is not a fix id" in done.stdout + done.stderr, done.stderr
+    done = verify_in(bare_python, command="status")
+    assert done.returncode == 2 and done.stdout == "" and "no vLLM importable" in done.stderr

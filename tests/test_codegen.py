@@ -10,7 +10,7 @@ import threading
 import types
 from pathlib import Path
 
-from vllm_hotfix import codegen, store
+from vllm_hotfix.runtime import codegen, store
 
 SOURCE = "def scale(x, factor=2):\n    return x * factor + OFFSET\n"
 FIXED = "def scale(x, factor=2):\n    return x * factor + OFFSET + 1\n"

@@ -1,4 +1,4 @@
-"""containment.py, the error policy: strict mode or not, one line on stderr, never a raise of its own;
+"""runtime/containment.py, the error policy: strict mode or not, one line on stderr, never a raise of its own;
 and it is a leaf, so deciding whether an error may reach the host cannot fail with the package."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 import vllm_hotfix
 from harness.testenv import REPO
-from vllm_hotfix import containment, settings
+from vllm_hotfix.runtime import containment, settings
 
 PACKAGE = REPO / "vllm_hotfix"
 
@@ -29,7 +29,7 @@ def _imported(path: Path) -> set[str]:
 
 
 def test_the_leaf_imports_nothing_from_the_package() -> None:
-    imported = _imported(PACKAGE / "containment.py")
+    imported = _imported(PACKAGE / "runtime/containment.py")
     assert not [name for name in imported if name == "." or name.split(".")[0] == "vllm_hotfix"], imported
     assert {name.split(".")[0] for name in imported} <= {"__future__", "os", "sys", "collections"}, imported
 
@@ -40,26 +40,28 @@ def test_the_front_applies_the_leafs_policy_inline() -> None:
     the same switch with the same words; the rest of the package uses the leaf."""
     assert vllm_hotfix._STRICT_VAR == containment.STRICT_VAR
     assert vllm_hotfix._STRICT_WORDS == containment.STRICT_WORDS
-    assert "vllm_hotfix.containment" not in _imported(PACKAGE / "__init__.py")
-    assert "vllm_hotfix.containment" in _imported(PACKAGE / "engine.py")
+    assert "vllm_hotfix.runtime.containment" not in _imported(PACKAGE / "__init__.py")
+    assert "vllm_hotfix.runtime.containment" in _imported(PACKAGE / "runtime/arming.py")
 
 
-@pytest.mark.parametrize("broken", ["arm raises", "engine unimportable"])
+@pytest.mark.parametrize("broken", ["arm raises", "arming unimportable"])
 def test_an_arming_error_is_one_line_unless_strict(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], broken: str
 ) -> None:
     """What the trigger does at `import vllm` when arming fails, also when the package cannot be imported."""
     if broken == "arm raises":
-        from vllm_hotfix import engine
+        from vllm_hotfix.runtime import arming
 
-        monkeypatch.setattr(engine, "arm", lambda: _raise(RuntimeError("two\nlines")))
+        monkeypatch.setattr(arming, "arm", lambda: _raise(RuntimeError("two\nlines")))
         expected = "vllm-hotfix: not armed: RuntimeError: two lines\n"
     else:
-        monkeypatch.delattr(vllm_hotfix, "engine", raising=False)
-        monkeypatch.setitem(sys.modules, "vllm_hotfix.engine", None)  # importing it raises ImportError
+        monkeypatch.delattr(sys.modules["vllm_hotfix.runtime"], "arming", raising=False)
+        monkeypatch.setitem(
+            sys.modules, "vllm_hotfix.runtime.arming", None
+        )  # importing it raises ImportError
         expected = (
             "vllm-hotfix: not armed: ModuleNotFoundError:"
-            " import of vllm_hotfix.engine halted; None in sys.modules\n"
+            " import of vllm_hotfix.runtime.arming halted; None in sys.modules\n"
         )
     monkeypatch.setenv(containment.STRICT_VAR, "0")
     vllm_hotfix._arm_engine()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.toy_fix import BUGGY, FIXED, NO_SWITCHES, TOY, ToyFix, load
-from vllm_hotfix import patching, settings
-from vllm_hotfix.decide import Plan, decide
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.runtime import patching, settings
+from vllm_hotfix.runtime.decide import Plan, decide
+from vllm_hotfix.runtime.decisions import Decision
 
 
 def test_a_buggy_shape_is_a_patched_plan_and_nothing_is_installed(
@@ -132,7 +132,7 @@ def test_a_related_module_is_read_from_its_file_without_importing_its_packages(
     imports) still gives its submodule's text; a missing module gives None."""
     import sys
 
-    from vllm_hotfix.decide import related_sources
+    from vllm_hotfix.runtime.decide import related_sources
 
     outer = tmp_path / "toypkg_related"
     (outer / "inner").mkdir(parents=True)

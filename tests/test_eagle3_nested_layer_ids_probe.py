@@ -9,13 +9,13 @@ import textwrap
 import pytest
 from stored_sources import case
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.eagle3_nested_layer_ids import (
     DRAFT_MODULE,
     NESTED_READ,
     TOP_LEVEL,
     Eagle3NestedLayerIds,
 )
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = Eagle3NestedLayerIds()
 INSERTED = [line for _, line in NESTED_READ]

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.toy_fix import BUGGY, FIXED, TOY, load
-from vllm_hotfix import engine, patching
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.runtime import arming, patching
+from vllm_hotfix.runtime.decisions import Decision
 
 
 @pytest.fixture(autouse=True)
 def armed(monkeypatch: pytest.MonkeyPatch) -> None:
     """This test's own records, armed, with no switch set."""
-    monkeypatch.setattr(engine, "_records", {})
-    monkeypatch.setattr(engine, "_armed", True)
+    monkeypatch.setattr(arming, "_records", {})
+    monkeypatch.setattr(arming, "_armed", True)
     for name in ("VLLMHOTFIX_DISABLE", "VLLMHOTFIX_FORCE", "VLLMHOTFIX_STRICT"):
         monkeypatch.delenv(name, raising=False)
 
@@ -26,8 +26,8 @@ def armed(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_patched_record_holds_what_was_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module = load(tmp_path, BUGGY, monkeypatch)
     original = module.scale
-    engine._on_import(TOY, module)
-    record = engine.records()[TOY.fix_id]
+    arming._on_import(TOY, module)
+    record = arming.records()[TOY.fix_id]
     assert record.decision is Decision.PATCHED and record.reason.startswith("multiplies by 2")
     assert record.original is original and record.installed is module.scale and module.scale(1) == 3
     assert record.generated_file == module.scale.__code__.co_filename
@@ -36,13 +36,13 @@ def test_a_patched_record_holds_what_was_installed(tmp_path: Path, monkeypatch: 
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.notes = ("later",)  # type: ignore[misc]
 
-    engine._on_import(TOY, module)  # still the function installed: the record stands
-    assert engine.records()[TOY.fix_id] is record
+    arming._on_import(TOY, module)  # still the function installed: the record stands
+    assert arming.records()[TOY.fix_id] is record
 
 
 def test_a_record_that_installs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine._on_import(TOY, load(tmp_path, FIXED, monkeypatch))
-    record = engine.records()[TOY.fix_id]
+    arming._on_import(TOY, load(tmp_path, FIXED, monkeypatch))
+    record = arming.records()[TOY.fix_id]
     assert record.decision is Decision.FIXED_UPSTREAM
     assert (record.original, record.installed, record.generated_file, record.notes) == (None, None, None, ())
 
@@ -55,8 +55,8 @@ def test_an_error_while_patching_is_a_failed_record(tmp_path: Path, monkeypatch:
     module = load(tmp_path, BUGGY, monkeypatch)
     original = module.scale
     monkeypatch.setattr(patching, "patch", _broken)
-    engine._on_import(TOY, module)
-    record = engine.records()[TOY.fix_id]
+    arming._on_import(TOY, module)
+    record = arming.records()[TOY.fix_id]
     assert record.decision is Decision.FAILED and record.reason == "RuntimeError: broken on purpose"
     assert record.installed is None and module.scale is original
 
@@ -65,11 +65,11 @@ def test_an_error_outside_deciding_is_contained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     module = load(tmp_path, BUGGY, monkeypatch)
-    monkeypatch.setattr(engine, "_settings", _broken)
-    engine._on_import(TOY, module)
+    monkeypatch.setattr(arming, "_settings", _broken)
+    arming._on_import(TOY, module)
     assert capsys.readouterr().err == "vllm-hotfix: fix toy not decided: RuntimeError: broken on purpose\n"
-    assert engine.records()[TOY.fix_id].decision is Decision.FAILED
+    assert arming.records()[TOY.fix_id].decision is Decision.FAILED
 
     monkeypatch.setenv("VLLMHOTFIX_STRICT", "1")
     with pytest.raises(RuntimeError, match="broken on purpose"):
-        engine._on_import(TOY, module)
+        arming._on_import(TOY, module)

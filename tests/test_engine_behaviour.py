@@ -337,7 +337,7 @@ def status_command_after_a_replacement() -> dict[str, Any]:
     import vllm.model_executor.models.deepseek_v2 as m
 
     m.DeepseekV2Model.forward = lambda s: 0
-    from vllm_hotfix.cli import main
+    from vllm_hotfix.commands.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -409,7 +409,7 @@ def transform_that_raises() -> dict[str, Any]:
     from vllm.model_executor.models import deepseek_v2 as m
 
     # isort: split
-    from vllm_hotfix.cli import main
+    from vllm_hotfix.commands.cli import main
 
     status = fix_status()
     return {

@@ -22,8 +22,8 @@ import pytest
 from stored_sources import case, cases
 from stored_sources import function as stored_function
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.extract_dummy_run_slots import FILL, OWN_BUFFER, RUNNER_MAPPINGS, ExtractDummyRunSlots
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = ExtractDummyRunSlots()
 # The first release with the proposer, the test environment's releases, the last.

@@ -20,8 +20,8 @@ import pytest
 from stored_sources import case, cases
 from stored_sources import function as stored_function
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.extract_next_token import FIRST_COLUMN, ExtractNextToken
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = ExtractNextToken()
 # The first release with the proposer, each later shape, the test environment's releases, the last.

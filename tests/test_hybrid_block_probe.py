@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from stored_sources import case
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.hidden_states_hybrid_block import DERIVED, HiddenStatesHybridBlock
+from vllm_hotfix.runtime.decisions import Decision
 
 HYBRID = HiddenStatesHybridBlock()
 

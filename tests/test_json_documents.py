@@ -98,8 +98,8 @@ def test_a_failure_of_the_command_itself(bare_python: tuple[str, str]) -> None:
     """An unexpected exception (planted in clean): exit 3, its traceback on stderr, the document on stdout."""
     python, only_wrapt = bare_python
     crash = (
-        "import sys, vllm_hotfix.clean as c; c.clean = lambda *a, **k: 1 / 0;"
-        " from vllm_hotfix.cli import main; sys.exit(main(['clean', '--json']))"
+        "import sys, vllm_hotfix.commands.clean as c; c.clean = lambda *a, **k: 1 / 0;"
+        " from vllm_hotfix.commands.cli import main; sys.exit(main(['clean', '--json']))"
     )
     done = run(python, [only_wrapt], ["-c", crash])
     found = one_document(done, "clean", 3)

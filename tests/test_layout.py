@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ plugin.register()
 import vllm
 from vllm.model_executor.models import deepseek_v2
 vllm_hotfix.status(); vllm_hotfix.remove(); vllm_hotfix.apply()
-from vllm_hotfix.cli import main
+from vllm_hotfix.commands.cli import main
 main(["status", "--json"])
 print(json.dumps(sorted(name for name in sys.modules if name.startswith(("vllm_hotfix", "harness")))))
 """
@@ -43,8 +44,38 @@ def test_the_runtime_path_never_imports_the_repositorys_tooling(stand_in: Path, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = json.loads(done.stdout.splitlines()[-1])
-    assert {"vllm_hotfix.engine", "vllm_hotfix.patching", "vllm_hotfix.cli"} <= set(loaded), loaded
+    assert {"vllm_hotfix.runtime.arming", "vllm_hotfix.runtime.patching", "vllm_hotfix.commands.cli"} <= set(
+        loaded
+    ), loaded
     assert not [name for name in loaded if name.startswith("harness")], loaded  # on its sys.path
+
+
+PLUGIN_PATH = """
+import json, sys
+from vllm_hotfix import plugin
+plugin.register()
+import vllm
+from vllm.model_executor.models import deepseek_v2
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] == "vllm_hotfix")))
+"""
+# What a vLLM process of an ordinary server loads of the package: the front, the plugin, the
+# version, and the rooms every vLLM process needs (runtime, fixes); never the check, the audit,
+# judging or the command line.
+PLUGIN_ROOMS = ("vllm_hotfix.runtime", "vllm_hotfix.fixes")
+PLUGIN_MODULES = {"vllm_hotfix", "vllm_hotfix.plugin", "vllm_hotfix._version"}
+
+
+def test_a_vllm_process_loads_only_the_runtime_and_the_fixes(stand_in: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "VLLMHOTFIX_", "PYTHON"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]), XDG_CACHE_HOME=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", PLUGIN_PATH], capture_output=True, text=True, env=env, cwd=str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert {"vllm_hotfix.runtime.arming", "vllm_hotfix.fixes.deepseek_final_aux"} <= loaded, loaded
+    other = {n for n in loaded - PLUGIN_MODULES if not n.startswith(PLUGIN_ROOMS)}
+    assert other == set(), f"a vLLM process loaded {sorted(other)}"
 
 
 def _imports(path: Path) -> set[str]:
@@ -79,8 +110,8 @@ def test_the_package_never_imports_the_release_tooling_which_lives_in_harness() 
 
 def test_no_import_circles_in_the_package() -> None:
     """No two modules of the package import each other, directly or round a longer circle, counting
-    imports inside functions too (verify/checks.py and verify/reference.py once did). An edge
-    `from vllm_hotfix import settings` goes to that module, not to the package's __init__."""
+    imports inside functions too (check/checks.py and check/reference.py once did). An edge
+    `from vllm_hotfix.runtime import settings` goes to that module, not to the package's __init__."""
     package = REPO / "vllm_hotfix"
     modules = {
         ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
@@ -106,6 +137,52 @@ def test_no_import_circles_in_the_package() -> None:
 
     circles = sorted(name for name in modules if reaches(name, name, set()))
     assert circles == [], f"modules on an import circle: {circles}"
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter on the package under `root`, with pyproject.toml's contracts (the rooms)."""
+    beside = Path(sys.executable).parent / "lint-imports"
+    tool = str(beside) if beside.exists() else shutil.which("lint-imports")
+    if tool is None:
+        pytest.fail("import-linter is not installed: scripts/build-test-env.sh installs it (TEST_TOOLS)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["PYTHONPATH"] = str(root)
+    return subprocess.run(
+        [tool, "--config", str(root / "pyproject.toml"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=str(root),
+        env=env,
+    )
+
+
+def test_the_rooms_import_downward_only() -> None:
+    """pyproject.toml's contracts: commands, then the check and the audit (independent), judging,
+    the fixes, the runtime; imports inside functions count, and a new module must join a room."""
+    done = lint_imports(REPO)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "Contracts: 1 kept, 0 broken." in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "planted"),
+    [
+        ("runtime/store.py", "from vllm_hotfix.commands import cli"),
+        ("check/taps.py", "from vllm_hotfix import audit"),
+        ("judging/precision.py", "import vllm_hotfix.check.records"),
+    ],
+)
+def test_an_upward_import_breaks_the_rooms(tmp_path: Path, module: str, planted: str) -> None:
+    """The same contracts on a copy of the package with one import planted inside a function."""
+    shutil.copytree(
+        REPO / "vllm_hotfix", tmp_path / "vllm_hotfix", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "vllm_hotfix" / module
+    path.write_text(path.read_text(encoding="utf-8") + f"\n\ndef _planted() -> None:\n    {planted}\n")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "Contracts: 0 kept, 1 broken." in done.stdout
 
 
 # The repository's non-package code, by job: harness/ (drivers used from the test process),

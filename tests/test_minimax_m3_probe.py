@@ -9,8 +9,8 @@ import pytest
 
 from harness.releases.classify import function_source
 from harness.testenv import BUG, FIXED, NEWEST, TestEnv
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.minimax_m3_aux import MiniMaxM3Aux
+from vllm_hotfix.runtime.decisions import Decision
 
 pytestmark = pytest.mark.vllm
 FIX = MiniMaxM3Aux()

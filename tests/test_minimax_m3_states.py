@@ -302,7 +302,7 @@ def test_stock_id_0_is_overwritten_where_it_aliases_and_the_planted_removal_fail
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_check_compares_every_id_with_what_its_layer_received(m3_runs, version: str, world: int) -> None:
-    """The in-worker check (vllm_hotfix/verify/checks.py with its taps, taps.py) on MiniMaxM3Model:
+    """The in-worker check (vllm_hotfix/check/checks.py with its taps, taps.py) on MiniMaxM3Model:
     at TP=2 every inner id of stock FAILs against the reduced stream (MiniMax defers each layer's
     reduce into the next norm), patched is ok, final id included, checked through the tap of the
     final norm's input (its Gemma norm has no forward_native). vLLM 0.24.0's final norm does not

@@ -64,7 +64,7 @@ def test_wheel_entry_points_exactly(dists) -> None:
         text = zf.read(name).decode()
     assert text.split() == [
         "[console_scripts]",
-        *("vllm-hotfix", "=", "vllm_hotfix.cli:main"),
+        *("vllm-hotfix", "=", "vllm_hotfix.commands.cli:main"),
         "[vllm.general_plugins]",
         *("vllm_hotfix", "=", "vllm_hotfix.plugin:register"),
     ]

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 from stored_sources import case
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.hidden_states_padding_slot import CLAMP, HiddenStatesPaddingSlot
+from vllm_hotfix.runtime.decisions import Decision
 
 PADDING = HiddenStatesPaddingSlot()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import patching
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
+from vllm_hotfix.runtime import patching
 
 SAMPLER = CpuSamplerFp64Gumbel()
 ORIGINAL = "def _sample_recovered_tokens_kernel_impl(x):\n    return x\n"

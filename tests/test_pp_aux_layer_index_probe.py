@@ -10,9 +10,9 @@ import textwrap
 import pytest
 from stored_sources import case, index
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import same_code
 from vllm_hotfix.fixes.pp_aux_layer_index import PP_AUX_LAYER_INDEX_FIXES, PpAuxLayerIndex
+from vllm_hotfix.runtime.decisions import Decision
 
 FIXES = {fix.fix_id: fix for fix in PP_AUX_LAYER_INDEX_FIXES}
 LLAMA = FIXES["pp-aux-layer-index-llama"]

@@ -9,8 +9,8 @@ import textwrap
 import pytest
 from stored_sources import case
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.hidden_states_prefix_cache import CONNECTOR_MODULE, TURN_OFF, HiddenStatesPrefixCache
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = HiddenStatesPrefixCache()
 SLICE = "req_slot_mapping_gpu = slot_mapping[offset : offset + num_tokens]"

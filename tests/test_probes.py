@@ -11,9 +11,9 @@ import pytest
 
 from harness.testenv import BUG, FIXED
 from tests.stored_sources import case
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CALLER, CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import UPSTREAM_STATEMENT, DeepseekFinalAux
+from vllm_hotfix.runtime.decisions import Decision
 
 DEEPSEEK = DeepseekFinalAux()
 SAMPLER = CpuSamplerFp64Gumbel()

@@ -71,5 +71,5 @@ def test_the_first_command_in_a_fresh_venv(tmp_path: Path) -> None:
     status = subprocess.run(["vllm-hotfix", "status"], capture_output=True, text=True, cwd=work, env=env)
     python = tmp_path / "venv" / "bin" / "python"
     assert status.returncode == 2, status.stdout + status.stderr  # no vLLM in this venv: it says so
-    assert status.stdout.startswith("vllm-hotfix status: no vLLM importable by ")
-    assert Path(status.stdout.split(" by ", 1)[1].split(":", 1)[0]).parent == python.parent
+    assert status.stderr.startswith("vllm-hotfix status: no vLLM importable by ")
+    assert Path(status.stderr.split(" by ", 1)[1].split(":", 1)[0]).parent == python.parent

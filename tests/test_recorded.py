@@ -19,7 +19,7 @@ import pytest
 
 from harness import releases
 from tests.recorded import HEADING, TO_RECORD, UnrecordedRelease, recorded, report_new, split
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.runtime.decisions import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 

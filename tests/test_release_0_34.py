@@ -16,9 +16,9 @@ import textwrap
 import pytest
 
 from tests.stored_sources import Case, case
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
 from vllm_hotfix.fixes.minimax_m3_aux import CLONED_CAPTURE, INPUT_NORM, MiniMaxM3Aux
+from vllm_hotfix.runtime.decisions import Decision
 
 RELEASE = "0.34.0"
 PREVIOUS = "0.33.0"
@@ -110,8 +110,8 @@ def test_deepseek_v32_0_34_is_patched_with_the_same_edits_as_0_33(vendor: str) -
 
 def test_the_check_says_why_it_cannot_tap_minimax_m3_0_34() -> None:
     """0.34.0's forward calls each layer's halves, so no module hook on a layer fires: every id is
-    `n/a` with this reason (verify/taps.py), where 0.33.0's and V3.2's forwards call the layers."""
-    from vllm_hotfix.verify.taps import split_layer_reason
+    `n/a` with this reason (check/taps.py), where 0.33.0's and V3.2's forwards call the layers."""
+    from vllm_hotfix.check.taps import split_layer_reason
 
     now, before = _minimax(), case(MINIMAX, "vllm", PREVIOUS)
     assert now.function is not None and before.function is not None
@@ -126,7 +126,7 @@ def test_the_check_says_why_it_cannot_tap_minimax_m3_0_34() -> None:
 def test_a_model_whose_forward_calls_layer_halves_gets_that_reason_at_attach() -> None:
     """The wiring: `taps.attach` reads the holder's forward and gives every id the reason."""
     torch = pytest.importorskip("torch")
-    from vllm_hotfix.verify import taps
+    from vllm_hotfix.check import taps
 
     class Layer(torch.nn.Module):
         def first(self, hidden_states, residual):

@@ -16,10 +16,10 @@ import pytest
 from harness import releases
 from tests.network import REQUIRE_NETWORK_VAR, network_unavailable
 from tests.release_shapes import BUGGY_V2, MEMBER
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
+from vllm_hotfix.runtime.decisions import Decision
 
 NOT_AFFECTED = Decision.NOT_AFFECTED
 PATCHED = Decision.PATCHED

@@ -15,17 +15,16 @@ import pytest
 from harness import releases
 from harness.releases import command
 from harness.testenv import REPO
-from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import SCHEMA, Parser
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.commands.output import SCHEMA
 from vllm_hotfix.fixes import ALL_FIXES
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = ALL_FIXES[0].fix_id
 
 
 def run(*argv: str) -> int:
     """command.main in this process: its return or exit code."""
-    Parser.json_requested = False
     try:
         return command.main(list(argv))
     except SystemExit as stop:
@@ -62,7 +61,7 @@ def classified(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 def test_a_usage_error_is_one_line_and_exit_4(
     argv: list[str], said: str, classified: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run(*argv) == exit_codes.USAGE
+    assert run(*argv) == verdicts.USAGE
     out, err = capsys.readouterr()
     assert out == "" and said in err and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if "error:" in line]
@@ -73,9 +72,9 @@ def test_a_usage_error_is_one_line_and_exit_4(
 def test_a_usage_error_under_json_is_a_releases_document(
     classified: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run("--json", "--since", "banana") == exit_codes.USAGE
+    assert run("--json", "--since", "banana") == verdicts.USAGE
     document = json.loads(capsys.readouterr().out)
-    assert document["schema"] == SCHEMA and document["exit_code"] == exit_codes.USAGE
+    assert document["schema"] == SCHEMA and document["exit_code"] == verdicts.USAGE
     assert document["command"] == "releases" and "banana" in document["error"]
 
 
@@ -84,7 +83,7 @@ def test_json_is_a_document_that_says_decision_as_status_does(
 ) -> None:
     calls, rows = classified
     rows += _rows(Decision.PATCHED)
-    assert run("--json", "--dist", "vllm", "--since", "0.18.0", "--workers", "2") == exit_codes.OK
+    assert run("--json", "--dist", "vllm", "--since", "0.18.0", "--workers", "2") == verdicts.OK
     document = json.loads(capsys.readouterr().out)
     assert (document["schema"], document["command"], document["exit_code"]) == (SCHEMA, "releases", 0)
     (found,) = document["releases"]
@@ -96,13 +95,13 @@ def test_an_unknown_verdict_exits_2_in_every_output(
     classified: list[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     classified[1] += _rows(Decision.UNKNOWN)
-    assert run() == exit_codes.INCOMPLETE
+    assert run() == verdicts.INCOMPLETE
     out, err = capsys.readouterr()
     assert f"unknown: vllm 0.24.0: {FIX}: why" in out and "1 releases in" in err
-    assert run("--markdown") == exit_codes.INCOMPLETE
+    assert run("--markdown") == verdicts.INCOMPLETE
     assert "| `vllm` | 0.24.0 |" in capsys.readouterr().out
-    assert run("--json") == exit_codes.INCOMPLETE
-    assert json.loads(capsys.readouterr().out)["exit_code"] == exit_codes.INCOMPLETE
+    assert run("--json") == verdicts.INCOMPLETE
+    assert json.loads(capsys.readouterr().out)["exit_code"] == verdicts.INCOMPLETE
 
 
 def test_an_unreadable_index_exits_3(
@@ -112,13 +111,13 @@ def test_an_unreadable_index_exits_3(
         raise OSError("no route to host")
 
     monkeypatch.setattr(releases, "classify_all", classify_all)
-    assert run("--json") == exit_codes.ERROR
+    assert run("--json") == verdicts.ERROR
     out, err = capsys.readouterr()
     assert json.loads(out) == {
         "schema": SCHEMA,
         "command": "releases",
         "verdict": "UNKNOWN",
-        "exit_code": exit_codes.ERROR,
+        "exit_code": verdicts.ERROR,
         "reason": "PyPI's index could not be read: no route to host",
         "error": "no route to host",
         "releases": [],
@@ -134,4 +133,4 @@ def test_it_runs_from_a_checkout_as_a_module() -> None:
         text=True,
         cwd=str(REPO),
     )
-    assert done.returncode == exit_codes.USAGE and "'banana' is not a release number" in done.stderr
+    assert done.returncode == verdicts.USAGE and "'banana' is not a release number" in done.stderr

@@ -15,11 +15,11 @@ import pytest
 from harness import releases
 from tests.declared import between
 from tests.release_shapes import BUGGY_V2, MEMBER, V32_FORWARD, serve
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import Fix
 from vllm_hotfix.fixes.cpu_sampler_fp64_gumbel import CpuSamplerFp64Gumbel
 from vllm_hotfix.fixes.deepseek_final_aux import DeepseekFinalAux
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
+from vllm_hotfix.runtime.decisions import Decision
 
 PATCHED = Decision.PATCHED
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness import releases
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES
+from vllm_hotfix.runtime.decisions import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 NOT_AFFECTED = Decision.NOT_AFFECTED

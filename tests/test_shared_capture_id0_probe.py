@@ -10,8 +10,8 @@ import pytest
 from stored_sources import case
 from stored_sources import function as stored_function
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.shared_capture_id0 import SharedCaptureId0
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = SharedCaptureId0()
 BUGGY = "value = hidden_states + residual if residual is not None else hidden_states"

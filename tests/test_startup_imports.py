@@ -69,7 +69,7 @@ PLANTED = {
     "a stray standard-library import": "from collections.abc import Callable",
     "typing": "import typing",
     "the version at module level": "from vllm_hotfix._version import __version__ as _v",
-    "the error policy at module level": "from vllm_hotfix import containment as _c",
+    "the error policy at module level": "from vllm_hotfix.runtime import containment as _c",
 }
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from harness.testenv import REPO, outside_checkout
-from vllm_hotfix import exit_codes
 from vllm_hotfix.fixes import FIX_IDS
+from vllm_hotfix.judging import verdicts
 
 
 def status_in(
@@ -38,15 +38,15 @@ def status_in(
 
 def test_without_vllm_status_is_one_line_naming_the_python_and_exit_2(bare_python: tuple[str, str]) -> None:
     done = status_in(bare_python)
-    assert done.returncode == exit_codes.INCOMPLETE, done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == verdicts.INCOMPLETE, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()  # a message: stderr
     assert line.startswith(f"vllm-hotfix status: no vLLM importable by {bare_python[0]}:")
     assert "install vllm-hotfix into the environment that runs vLLM" in line
-    assert "python -m pip install" in line and done.stderr == ""
+    assert "python -m pip install" in line and done.stdout == ""
 
     done = status_in(bare_python, "--json")
     document = json.loads(done.stdout)
-    assert done.returncode == document["exit_code"] == exit_codes.INCOMPLETE
+    assert done.returncode == document["exit_code"] == verdicts.INCOMPLETE
     assert document["reason"] == line and document["python_executable"] == bare_python[0]
     assert document["vllm_installed"] is None
 
@@ -57,13 +57,13 @@ def test_a_vllm_that_cannot_be_imported_is_one_line_and_exit_3(
     (tmp_path / "vllm").mkdir()
     (tmp_path / "vllm" / "__init__.py").write_text("import torch_not_installed_here\n")
     done = status_in(bare_python, path=(str(tmp_path),))
-    assert done.returncode == exit_codes.ERROR, done.stdout + done.stderr
-    (line,) = done.stdout.splitlines()
+    assert done.returncode == verdicts.ERROR, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()  # a message: stderr
     said = f"vllm-hotfix status: vLLM is installed for {bare_python[0]} but cannot be imported"
     assert line.startswith(said)
     assert "No module named 'torch_not_installed_here'" in line
     # --no-probe imports nothing: it reports what this process knows
-    assert status_in(bare_python, "--no-probe", path=(str(tmp_path),)).returncode == exit_codes.OK
+    assert status_in(bare_python, "--no-probe", path=(str(tmp_path),)).returncode == verdicts.OK
 
 
 def test_a_disabled_fix_is_disabled_before_its_module_is_imported(bare_python: tuple[str, str]) -> None:
@@ -100,13 +100,14 @@ def test_the_text_names_the_python_and_the_cache_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What the report says where vLLM is found (the full text), in this process: nothing imported."""
-    from vllm_hotfix import report
+    from vllm_hotfix.commands.status import format_text
+    from vllm_hotfix.runtime import status as report
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(a_file))
     monkeypatch.setenv("VLLMHOTFIX_DISABLE", "1")
-    lines = report.format_text(report.process_status()).splitlines()
+    lines = format_text(report.process_status()).splitlines()
     assert lines[0].endswith(f": {sys.executable})")
     assert "armed: " in lines[2] and lines[2].endswith("; every fix is disabled (VLLMHOTFIX_DISABLE)")
     (cache,) = [line for line in lines if line.startswith("cache directory:")]
@@ -115,6 +116,6 @@ def test_the_text_names_the_python_and_the_cache_directory(
 
     monkeypatch.setenv("VLLMHOTFIX_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("VLLMHOTFIX_DISABLE")
-    lines = report.format_text(report.process_status()).splitlines()
+    lines = format_text(report.process_status()).splitlines()
     assert f"cache directory: {tmp_path / 'generated'} (usable)" in lines
     assert "every fix is disabled" not in lines[2]

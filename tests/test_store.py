@@ -27,7 +27,7 @@ import pytest
 from harness import stand_in_vllm
 from harness.testenv import REPO
 from tests.test_codegen import build
-from vllm_hotfix import store
+from vllm_hotfix.runtime import store
 
 UID = os.getuid()
 TOP = f"vllm-hotfix-{UID}"
@@ -208,7 +208,7 @@ def assert_outcome(expected: str, filename: str, own: Path, name: str, victim: P
 BUILD_IN_TEMP = """
 import json, os
 from tests.test_codegen import build
-from vllm_hotfix import store
+from vllm_hotfix.runtime import store
 place = store.Place({base!r}, ({top!r}, "generated"))
 generated = build([place])
 print(json.dumps({{"filename": generated.filename, "value": generated.function(1),
@@ -296,7 +296,7 @@ def status(stand_in: Path, shared: Path, tmp_path: Path, **env: str) -> dict:
     blocked = tmp_path / "no-cache-here"
     blocked.write_text("")  # a file: the user's cache directory cannot be made under it
     done = run_child(
-        "from vllm_hotfix.cli import main; raise SystemExit(main(['status', '--json']))",
+        "from vllm_hotfix.commands.cli import main; raise SystemExit(main(['status', '--json']))",
         PYTHONPATH=os.pathsep.join([str(stand_in), str(REPO)]),
         TMPDIR=str(shared),
         XDG_CACHE_HOME=str(blocked / "cache"),

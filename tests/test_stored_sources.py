@@ -19,8 +19,8 @@ import pytest
 from tests.declared import expected_verdict
 from tests.recorded import report_new, split
 from tests.stored_sources import INDEX, REFRESH, SOURCES, SUFFIX, Case, cases, index, text
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS, Fix
+from vllm_hotfix.runtime.decisions import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_BYTES = 1024 * 1024  # the stored sources stay small: only distinct texts, only what probes read

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from stored_sources import function as stored_function
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.hidden_states_unfinished_prefill import SKIP, HiddenStatesUnfinishedPrefill
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = HiddenStatesUnfinishedPrefill()
 # Each distinct stored shape, and what the release itself returns for a request it saves nothing

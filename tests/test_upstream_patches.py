@@ -19,8 +19,8 @@ import pytest
 from harness.releases.classify import function_source
 from harness.upstream import HUNK, Target, file_diffs, git_apply, hunks_within, targets
 from tests.stored_sources import case
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.runtime.decisions import Decision
 
 FIXES = {fix.fix_id: fix for fix in ALL_FIXES}
 CASES = [(t, version) for t in targets() for version in t.releases]

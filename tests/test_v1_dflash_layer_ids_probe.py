@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from stored_sources import case
 
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.eagle3_nested_layer_ids import Eagle3NestedLayerIds
 from vllm_hotfix.fixes.v1_dflash_layer_ids import KEPT, OVERWRITE, V1DflashLayerIds
+from vllm_hotfix.runtime.decisions import Decision
 
 FIX = V1DflashLayerIds()
 V2_FIX = Eagle3NestedLayerIds()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tests.release_shapes import V32_FORWARD
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, FIX_IDS
 from vllm_hotfix.fixes.deepseek_v32_final_aux import DEEPSEEK_V32_FIXES, DeepseekV32FinalAux
+from vllm_hotfix.runtime.decisions import Decision
 
 V32_SP_CAPTURE = """
         if idx in self.aux_hidden_state_layers:

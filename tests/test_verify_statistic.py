@@ -25,8 +25,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_hotfix import precision  # noqa: E402
-from vllm_hotfix.verify import checks  # noqa: E402
+from vllm_hotfix.check import checks  # noqa: E402
+from vllm_hotfix.judging import precision  # noqa: E402
 
 HIDDEN, RANKS, TOKENS = 7168, 8, 512
 TOLERANCE = precision.CHECK_TOLERANCE_16BIT
@@ -150,7 +150,7 @@ def test_projection_in_chunks_equals_the_whole_and_never_copies_a_whole_state(mo
     the step's tokens), with the same fingerprints, norms and finiteness as the whole at once."""
     import torch
 
-    from vllm_hotfix.verify import reference
+    from vllm_hotfix.check import reference
 
     monkeypatch.setattr(reference, "CHUNK_ROWS", 7)
     state = torch.randn(30, 64, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The taps of the check (vllm_hotfix/verify/taps.py) and its per-id judgement
+"""The taps of the check (vllm_hotfix/check/taps.py) and its per-id judgement
 (reference.py), in this process on a small torch model whose decoder layers have vLLM's
 `(positions, hidden_states, residual) -> (hidden_states, residual)` form and whose forward captures
 the aux states as vLLM's backbones do (`hidden_states + residual` before layer k; the final id
@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_hotfix.verify import outcome  # noqa: E402
-from vllm_hotfix.verify import taps as taps_mod  # noqa: E402
-from vllm_hotfix.verify.checks import judge_step, record  # noqa: E402
+from vllm_hotfix.check import outcome  # noqa: E402
+from vllm_hotfix.check import taps as taps_mod  # noqa: E402
+from vllm_hotfix.check.checks import judge_step, record  # noqa: E402
 
 HIDDEN, TOKENS, LAYERS = 32, 10, 4
 IDS = [0, 1, 2, LAYERS]
@@ -77,10 +77,18 @@ def _check(model, taps, states=None, forward=None):
     return {e["id"]: e["status"] for e in found.per_id}, found
 
 
+def passed(step) -> bool:
+    """A forward every rank recorded, with nothing failed in it."""
+    return step.complete and not step.failed
+
+
 def _report(*checks) -> dict:
     """One rank's report of these forwards, as the command combines it."""
     facts = {"run_id": "r", "tp": 0, "tp_world": 1, "ids": IDS}
-    return outcome.summary(facts, list(checks))
+    tally = outcome.Tally(list(facts.get("ids") or []))
+    for check in checks:
+        tally.add(check)
+    return tally.report(facts)
 
 
 @pytest.mark.parametrize("form", ["pair", "none", "tensor"])
@@ -90,18 +98,18 @@ def test_every_id_ok_eager_and_compiled(form: str) -> None:
     model = Backbone(form)
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
 
 
 def test_a_window_of_compared_ids_passes_with_full_coverage() -> None:
     model = Backbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     statuses, compiled = _check(model, taps, forward=torch.compile(model.forward))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and compiled.ok, compiled.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(compiled), compiled.per_id
     report = _report(found, compiled)
     assert report["verdict"] == "PASS" and report["coverage"] == {
         "ok": True,
@@ -146,7 +154,7 @@ def test_a_planted_fault_fails_its_ids(fault: str, form: str) -> None:
     taps = taps_mod.attach(model, HIDDEN, 64)
     plant, expected = PLANTED[fault]
     statuses, found = _check(model, taps, plant)
-    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not passed(found), found.per_id
 
 
 def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
@@ -158,7 +166,7 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     good = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
-    assert good.ok and good.checked == 4 and {e["status"] for e in good.per_id} == {"ok"}, good.per_id
+    assert passed(good) and good.checked == 4 and {e["status"] for e in good.per_id} == {"ok"}, good.per_id
     report = _report(good)
     assert report["tokens"] == {"total": TOKENS, "smallest": TOKENS, "largest": TOKENS}
     assert report["checked_tokens"] == {"total": 4, "cut_forwards": 1}
@@ -166,7 +174,7 @@ def test_a_long_step_is_compared_on_its_first_tokens_and_says_so() -> None:
     with torch.no_grad():
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     bad = check_step(plant(aux), out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
-    assert {e["id"] for e in bad.per_id if e["status"] == "wrong"} == expected and not bad.ok, bad.per_id
+    assert {e["id"] for e in bad.per_id if e["status"] == "wrong"} == expected and not passed(bad), bad.per_id
     whole = check_step(aux, out, IDS, 3, HIDDEN, None, taps=taps, final_id=LAYERS, max_tokens=4)
     assert whole.checked == 3 and _report(whole)["checked_tokens"] == {"total": 3, "cut_forwards": 0}
 
@@ -181,7 +189,7 @@ def test_a_tap_that_did_not_run_is_na_never_a_pass() -> None:
         out, aux = model(torch.randn(TOKENS, HIDDEN))
     check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)
     again = check_step(aux, out, IDS, TOKENS, HIDDEN, None, taps=taps, final_id=LAYERS)  # no forward
-    assert {e["status"] for e in again.per_id} == {"n/a"} and again.ok  # nothing failed in the step
+    assert {e["status"] for e in again.per_id} == {"n/a"} and passed(again)  # nothing failed in the step
     assert "the tap did not run in this forward" in again.per_id[0]["why"]
     report = _report(again, again)
     coverage = report["coverage"]
@@ -218,7 +226,7 @@ def test_layers_of_another_form_are_na() -> None:
         taps = taps_mod.attach(model, HIDDEN, 64)
         forward = torch.compile(model.forward, fullgraph=True) if compiled else model
         statuses, found = _check(model, taps, forward=forward)
-        assert set(statuses.values()) == {"n/a"} and found.ok, found.per_id
+        assert set(statuses.values()) == {"n/a"} and passed(found), found.per_id
         assert "Layer returns neither (hidden_states, residual) nor one" in found.per_id[1]["why"]
         assert found.per_id[0]["why"] == found.per_id[1]["why"]  # id 0 too: its layer is of that form
         assert _report(found)["verdict"] == "UNKNOWN"  # nothing compared: never a PASS
@@ -230,7 +238,7 @@ def _sharded_step(tokens: int, rows: int, world: int = 2, plant=None):
     tap seeing rows r * chunk ... of hidden_states and residual (padding rows zero, as
     sequence_parallel_chunk pads), while every rank's captured state is the whole, all-gathered."""
 
-    from vllm_hotfix.verify import checks, reference
+    from vllm_hotfix.check import checks, reference
 
     g = torch.Generator().manual_seed(tokens * 100 + rows)
     chunk = -(-rows // world)
@@ -273,7 +281,7 @@ def test_a_dual_batch_overlap_micro_batch_is_not_taken_for_a_shard() -> None:
     rows as a TP=2 shard would have, but the same on every rank (no rank shards it): n/a, never
     compared as shards."""
 
-    from vllm_hotfix.verify import checks, reference
+    from vllm_hotfix.check import checks, reference
 
     tokens, world = 8, 2
     g = torch.Generator().manual_seed(3)
@@ -294,7 +302,7 @@ def compiled_first_in_a_fresh_process() -> dict:
     import torch
 
     from tests.test_verify_taps import IDS, LAYERS, TOKENS, Backbone, check_step
-    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.check import taps as taps_mod
 
     namespace, name = taps_mod.OP.split("::")
     model = Backbone()
@@ -357,7 +365,8 @@ def hooked(monkeypatch: pytest.MonkeyPatch, tmp_path):
     module is imported: `cls` (of a stand-in module) gets the check's set_aux_hidden_state_layers."""
     import types
 
-    from vllm_hotfix.verify import hook, settings
+    from vllm_hotfix.check import hook
+    from vllm_hotfix.runtime import settings as settings
 
     monkeypatch.setenv(settings.RUN_ID_VAR, "run")
     monkeypatch.setenv(settings.REPORT_VAR, str(tmp_path))
@@ -494,11 +503,11 @@ def test_layers_that_discard_the_residual_are_compared_on_their_stream() -> None
     model = PreviousBackbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     statuses, found = _check(model, taps, lambda aux: [aux[0], aux[1] * 1.5, aux[2], aux[3]])
-    assert {i for i, s in statuses.items() if s == "wrong"} == {1} and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == {1} and not passed(found), found.per_id
 
 
 def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) -> None:
@@ -507,7 +516,7 @@ def test_without_the_rule_the_previous_stream_form_is_a_false_fail(monkeypatch) 
     model = PreviousBackbone()
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert {i for i, s in statuses.items() if s == "wrong"} == {1, 2, 4} and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == {1, 2, 4} and not passed(found), found.per_id
 
 
 @pytest.mark.parametrize(
@@ -545,7 +554,7 @@ def test_a_layer_whose_source_cannot_be_read_is_not_guessed() -> None:
     model.layers = torch.nn.ModuleList(namespace["Unread"]() for _ in range(LAYERS))
     taps = taps_mod.attach(model, HIDDEN, 64)
     statuses, found = _check(model, taps)
-    assert statuses == {0: "ok", 1: "n/a", 2: "n/a", 4: "n/a"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "n/a", 2: "n/a", 4: "n/a"} and passed(found), found.per_id
     why = {e["id"]: e.get("why", "") for e in found.per_id}
     assert all("the source of Unread.forward cannot be read" in why[i] for i in (1, 2, 4)), why
     report = _report(found)
@@ -625,12 +634,12 @@ def test_a_pair_is_tapped_where_its_norm_returns_the_stream() -> None:
     }
     assert [len(norm._forward_hooks) for norm in _reader_norms(model)] == [1, 1, 1]
     statuses, found = _check(model, taps)
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     statuses, found = _check(model, taps, forward=torch.compile(model.forward, fullgraph=True))
-    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and found.ok, found.per_id
+    assert statuses == {0: "ok", 1: "ok", 2: "ok", 4: "ok"} and passed(found), found.per_id
     plant, expected = PLANTED["zero"]
     statuses, found = _check(model, taps, plant)
-    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not found.ok, found.per_id
+    assert {i for i, s in statuses.items() if s == "wrong"} == expected and not passed(found), found.per_id
 
 
 def _reader_norms(model) -> list:

@@ -1,7 +1,7 @@
 """The check's own code on vLLM's real DeepseekV32Model at TP=2 (harness/child/verify_v32.py): stock
 fails (the ranks hold different per-rank partial sums; the final id is missing), patched passes
 every check, final id included. The same record and judgement (checks.py) and taps
-(vllm_hotfix/verify/taps.py) the command uses, the ranks' records gathered over vLLM's TP group
+(vllm_hotfix/check/taps.py) the command uses, the ranks' records gathered over vLLM's TP group
 (gloo): each id is compared with the stream its decoder layer received, reduced over the ranks'
 partial `hidden_states` (V3.2 fuses the all-reduce into the next norm at TP>1), and faults planted
 in the patched states of a real forward (scaled, after a norm, off by one layer, zero, aliased to

@@ -39,7 +39,7 @@ LONG_TP2 = (
     "nemotron-h",
 )
 # ... of which CI runs DeepSeek-V3: the check made torch 2.13's inductor drop a write-before-read
-# order there (its states non-finite) until the check applied torch's fix (verify/inductor_order.py)
+# order there (its states non-finite) until the check applied torch's fix (check/inductor_order.py)
 CI_TP2 = ("deepseek-v3",)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_hotfix import settings
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes.base import Fix, Probe
+from vllm_hotfix.runtime import settings
+from vllm_hotfix.runtime.decisions import Decision
 
 BUGGY = "def scale(x):\n    return x * 2\n"
 FIXED = "def scale(x):\n    return x * 3\n"

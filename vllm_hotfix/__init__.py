@@ -6,7 +6,7 @@ imported; then each fix probes the loaded code and patches only the known buggy 
 This file is all that `import vllm_hotfix` and the site hook load before vLLM is imported: they
 run in every Python process of an environment with the hook, most of which never touch vLLM, and
 each module file more costs a lookup and a read in every one of them (benchmarks/startup.py). So
-the import trigger lives here, and the version (_version.py), the error policy (containment.py)
+the import trigger lives here, and the version (_version.py), the error policy (runtime/containment.py)
 and the engine are imported only when first needed. Nothing here imports beyond what a bare
 interpreter already has (os, sys): not even `__future__` or `typing` (tests/test_startup_imports.py).
 """
@@ -18,7 +18,8 @@ __all__ = ["HotfixError", "__version__", "apply", "remove", "status"]
 
 _TRIGGER = "vllm"
 # containment.STRICT_VAR and STRICT_WORDS, read here with nothing imported: arming must not break
-# the host even when containment.py itself is what is broken (tests/test_containment.py compares them).
+# the host even when runtime/containment.py itself is what is broken (tests/test_containment.py
+# compares them).
 _STRICT_VAR = "VLLMHOTFIX_STRICT"
 _STRICT_WORDS = ("1", "true", "yes", "on", "all")
 # settings.READ_AT_IMPORT and OLD_PREFIX (tests/test_cli.py compares them): with one of them set,
@@ -35,7 +36,7 @@ def __getattr__(name: str) -> object:
 
         return __version__
     if name == "HotfixError":
-        from vllm_hotfix.errors import HotfixError
+        from vllm_hotfix.runtime.errors import HotfixError
 
         return HotfixError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -43,23 +44,28 @@ def __getattr__(name: str) -> object:
 
 def apply() -> list[dict[str, object]]:
     """Arm every fix (idempotent): patch now where vLLM's module is loaded, else on its import."""
-    from vllm_hotfix import engine, report
+    import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
+    from vllm_hotfix.runtime import arming
+    from vllm_hotfix.runtime import status as report
 
-    engine.arm()
+    arming.arm()
     return report.fix_statuses()
 
 
 def remove() -> list[dict[str, object]]:
     """Restore the original functions and stop patching in this process."""
-    from vllm_hotfix import engine, report
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
+    from vllm_hotfix.runtime import arming
+    from vllm_hotfix.runtime import status as report
 
-    engine.remove()
+    arming.remove()
     return report.fix_statuses()
 
 
 def status() -> dict[str, object]:
     """What this process has decided, per fix, and about its environment. Imports nothing heavy."""
-    from vllm_hotfix import report
+    import vllm_hotfix.fixes  # noqa: F401  # the registry
+    from vllm_hotfix.runtime import status as report
 
     return report.process_status()
 
@@ -77,28 +83,21 @@ class _VllmImportTrigger:
         return None
 
 
-def _verify_run() -> bool:
-    """This process belongs to the engine `vllm-hotfix verify` started (it sets these three)."""
-    names = ("VLLMHOTFIX_VERIFY_RUN_ID", "VLLMHOTFIX_VERIFY_REPORT", "VLLMHOTFIX_VERIFY_MODEL")
-    return all(_os.environ.get(name) for name in names)
-
-
 def _arm_engine() -> None:
-    """Arm the engine (in the engine of `vllm-hotfix verify`, the check's hooks too); an error, even
-    an import error of the policy
-    module itself, reaches the host only in strict mode: containment.py's policy, applied inline."""
+    """Arm the registered fixes (in the engine of `vllm-hotfix verify`, the check's hooks too); an
+    error, even an import error of the policy module itself, reaches the host only in strict mode:
+    runtime/containment.py's policy, applied inline."""
     try:
-        from vllm_hotfix import engine
+        import vllm_hotfix.fixes  # noqa: F401  # the registry: registers the fixes with the runtime
+        from vllm_hotfix.runtime import arming, settings
 
-        engine.arm()
-        if _verify_run():
-            from vllm_hotfix.verify import hook
+        arming.arm()
+        if settings.read_verify().armed:  # the engine `vllm-hotfix verify` started
+            from vllm_hotfix.check import hook
 
             hook.arm()
-        from vllm_hotfix.verify import settings as verify_settings
-
-        if verify_settings.retired_switch_set():  # the in-server check is retired: say how to check
-            _sys.stderr.write(verify_settings.RETIRED + "\n")
+        if settings.retired_switch_set():  # the in-server check is retired: say how to check
+            _sys.stderr.write(settings.RETIRED + "\n")
     except Exception as error:
         if _os.environ.get(_STRICT_VAR, "").strip().lower() in _STRICT_WORDS:
             raise
@@ -127,9 +126,10 @@ def _check_settings() -> None:
     ):
         return
     try:
-        from vllm_hotfix import settings
+        from vllm_hotfix.fixes import FIX_IDS
+        from vllm_hotfix.runtime import settings
 
-        settings.check_at_import()
+        settings.check_at_import(FIX_IDS)
     except Exception:
         pass  # a module that cannot be read is reported once (raised in strict mode) by the arming
 

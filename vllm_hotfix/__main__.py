@@ -2,6 +2,7 @@
 
 import sys
 
-from vllm_hotfix.cli import main
+from vllm_hotfix.commands.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

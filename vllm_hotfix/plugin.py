@@ -1,7 +1,7 @@
 """vLLM's `vllm.general_plugins` entry point: vLLM calls it in every process it starts.
 
 vLLM calls plugins without error handling, so this never raises (strict mode aside: arming
-errors follow containment.py's policy, raised only under VLLMHOTFIX_STRICT). It is cheap and
+errors follow runtime/containment.py's policy, raised only under VLLMHOTFIX_STRICT). It is cheap and
 re-entrant, and imports no vLLM model module: it arms post-import hooks and returns.
 """
 

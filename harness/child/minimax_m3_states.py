@@ -175,7 +175,7 @@ def verify_variants(
     model: object, args: argparse.Namespace, functions: dict, inputs: tuple, step: object
 ) -> list[dict]:
     """For each id list of --verify-variants, the check of each function's states over the TP group
-    (harness/child/verify_group.py), with the package's taps (vllm_hotfix/verify/taps.py) attached as the
+    (harness/child/verify_group.py), with the package's taps (vllm_hotfix/check/taps.py) attached as the
     check's hook attaches them: after the graphs are counted, so their counts do not include the taps."""
     if not args.verify_variants:
         return []
@@ -185,7 +185,7 @@ def verify_variants(
     from verify_group import check_in_group  # this script's directory is on sys.path
     from vllm.distributed.parallel_state import get_tp_group
 
-    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.check import taps as taps_mod
 
     taps = taps_mod.attach(model, HIDDEN, 64)
     out = []

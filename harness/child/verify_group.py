@@ -24,7 +24,7 @@ def check_in_group(
 ) -> Any:
     import torch.distributed as dist
 
-    from vllm_hotfix.verify.checks import judge_step, record
+    from vllm_hotfix.check.checks import judge_step, record
 
     mine = record(aux, hidden, ids, hidden_size, max_tokens, taps)
     records: list[Any] = [None] * group.world_size

@@ -1,4 +1,4 @@
-"""The in-worker check's own code (vllm_hotfix/verify/checks.py) on vLLM's real DeepseekV32Model at
+"""The in-worker check's own code (vllm_hotfix/check/checks.py) on vLLM's real DeepseekV32Model at
 TP=1 or TP=2, stock and patched, through the same tensor-parallel group vLLM's workers use.
 
 The model is built as harness/child/v32_states.py builds it (its helpers: vLLM's forward, decoder layers,
@@ -6,7 +6,7 @@ TP groups over gloo, weight loaders; stand-in attention with DSA's tensor-parall
 layers only. For each id list, stock (vLLM's function, kept by the hotfix as `__wrapped__`) and the
 patched forward run on the same inputs, and each rank records what came back and the ranks' records
 are judged together (harness/child/verify_group.py): every id
-compared with what its decoder layer received (the package's taps, vllm_hotfix/verify/taps.py,
+compared with what its decoder layer received (the package's taps, vllm_hotfix/check/taps.py,
 attached as the engine's model loader attaches them). Then, on the patched states of the last id
 list (which must hold the final id), faults are planted by this script, each checked on its own:
 every state scaled by 1.5, each inner id taken after a norm (the final norm's eager forward), off
@@ -40,7 +40,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     from vllm.distributed.parallel_state import get_tp_group
 
     import vllm_hotfix  # noqa: F401  (armed before vLLM: the model module is patched at its import)
-    from vllm_hotfix.verify import taps as taps_mod
+    from vllm_hotfix.check import taps as taps_mod
 
     module = v32_states.model_module_with_stand_in(args.vendor)
     dtype = getattr(torch, args.dtype)

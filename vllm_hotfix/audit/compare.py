@@ -2,7 +2,7 @@
 
 Per token, the relative difference is precision.relative_difference (||stored - recomputed||
 over the larger of the two rows' norms: a zero row against a real one reads 1, never infinity); an
-id is `ok` when its tokens are within the file's rule (precision.py: the tolerance of the coarser
+id is `ok` when its tokens are within the file's rule (judging/precision.py: the tolerance of the coarser
 of the stored and the engine's precision, and the tokens a MoE model may have over it). A stored
 state that is not finite is `wrong`; a recomputed one that is not finite is the run's error, never
 `ok`. A `wrong` id gets the likely cause where the difference has a shape: zeros, a scaled state,
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllm_hotfix import precision
-from vllm_hotfix.precision import relative_difference
+from vllm_hotfix.judging import precision
+from vllm_hotfix.judging.precision import relative_difference
 
 
 def stored_precision(stored: Any) -> str:
@@ -118,7 +118,7 @@ def judge_file(
         elif count:
             entry["note"] = (
                 f"{count} of {tokens} tokens over the tolerance, within the {rule.allowed_tokens}"
-                " a MoE model's routing may move (precision.py)"
+                " a MoE model's routing may move (judging/precision.py)"
             )
         entries.append(entry)
     return entries

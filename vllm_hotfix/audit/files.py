@@ -93,11 +93,6 @@ def listing(data: Path) -> Listing:
     return Listing(sorted(kept), links)
 
 
-def discover(data: Path) -> list[Path]:
-    """Every safetensors file under DATA once, in a stable order (relative path)."""
-    return [path for _, path in listing(data).files]
-
-
 def _hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Any
 
-STATUSES = ("ok", "wrong", "n/a")
+from vllm_hotfix.judging.verdicts import STATUSES, take_largest
 
 
 def result_path(out: str, index: int) -> str:
@@ -42,18 +42,20 @@ class Results:
             self.not_preflighted["files"] += 1
             self.not_preflighted["tokens"] += int(row["not_preflighted_tokens"])
         for entry in row.get("per_id") or []:
-            summary = self.per_id.get(entry.get("id"))
-            if summary is None:
+            if entry.get("id") not in self.per_id:
                 continue
-            summary[entry.get("status", "n/a")] += 1
-            figure = entry.get("max_rel_diff")
-            if figure is not None and (summary["max_rel_diff"] is None or figure > summary["max_rel_diff"]):
-                summary["max_rel_diff"], summary["worst_file"] = figure, row["file"]
-            if entry.get("status") == "ok" and entry.get("tokens_over"):
-                summary["files_with_tokens_over"] += 1
-                most = summary["most_tokens_over"]
-                if most is None or entry["tokens_over"] > most["tokens"]:
-                    summary["most_tokens_over"] = {"tokens": entry["tokens_over"], "of": entry.get("tokens")}
+            over = entry.get("tokens_over") if entry.get("status") == "ok" else None
+            fold(
+                self.per_id[entry["id"]],
+                {
+                    **dict.fromkeys(STATUSES, 0),
+                    entry.get("status", "n/a"): 1,
+                    "max_rel_diff": entry.get("max_rel_diff"),
+                    "worst_file": row["file"],
+                    "files_with_tokens_over": 1 if over else 0,
+                    "most_tokens_over": {"tokens": over, "of": entry.get("tokens")} if over else None,
+                },
+            )
         if row["status"] != "ok" or self.list_every_file:
             self.rows.append(row)
 
@@ -74,3 +76,27 @@ class Results:
         """Per id over the judged files: how many were ok, wrong, n/a on it; the largest difference
         and its file; the ok files with tokens over the tolerance (a MoE model's allowance)."""
         return [dict(summary) for summary in self.per_id.values()]
+
+
+def fold(held: dict[str, Any], summary: dict[str, Any]) -> None:
+    """One id's summary over some files into `held`, its summary over others: counts summed, the
+    largest difference and its file kept, the most tokens over the tolerance of an ok file kept. A
+    file's entry folds in as the summary of one file; a shard's summary as that of its files."""
+    for key in (*STATUSES, "files_with_tokens_over"):
+        held[key] += summary[key]
+    take_largest(held, summary.get("max_rel_diff"), worst_file=summary.get("worst_file"))
+    most, theirs = held.get("most_tokens_over"), summary.get("most_tokens_over")
+    if theirs is not None and (most is None or theirs["tokens"] > most["tokens"]):
+        held["most_tokens_over"] = theirs
+
+
+def merged_per_id(shards: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The shards' per-id summaries as one (audit-merge), by the fold of a run's files."""
+    merged: dict[int, dict[str, Any]] = {}
+    for entries in shards:
+        for entry in entries:
+            if entry["id"] in merged:
+                fold(merged[entry["id"]], entry)
+            else:
+                merged[entry["id"]] = dict(entry)
+    return list(merged.values())

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_hotfix.audit import files as files_mod
-from vllm_hotfix.cli_output import UsageError, in_vllm_order
-from vllm_hotfix.verify import command as verify_command
+from vllm_hotfix.judging.engine_facts import in_vllm_order
+from vllm_hotfix.judging.verdicts import UsageError
 
 DEFAULT_SAMPLE = 32
 
@@ -92,26 +92,28 @@ def inside(path: str, directory: Path) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def usage_problem(args: argparse.Namespace) -> str | None:
+    """What in the audit's own arguments cannot work (DATA, --report-dir, --rank), found without
+    reading a file and before vLLM is looked for."""
+    root = Path(args.data)
+    if root.exists() and not root.is_dir():
+        return f"DATA {args.data}: a file, not a directory (give the dataset's directory)"
+    if not root.is_dir():
+        return f"DATA {args.data}: no such directory"
+    if args.report_dir and inside(args.report_dir, root):
+        return f"--report-dir {args.report_dir} is inside DATA {args.data}: the audit never writes there"
+    if not 0 <= args.rank < args.world_size:
+        return f"--rank {args.rank}: must be 0 to {args.world_size - 1} for --world-size {args.world_size}"
+    return None
+
+
 def choose(args: argparse.Namespace) -> Chosen:
     """Read the chosen files' headers (their tokens are read once, when their batch runs);
-    UsageError when nothing could be audited."""
-    root = Path(args.data)
-    if not root.is_dir():
-        raise UsageError(f"DATA {args.data}: no such directory")
-    problem = verify_command.usage_problem(args.model)
+    UsageError when the arguments cannot work (usage_problem) or no file of DATA can be audited."""
+    problem = usage_problem(args)
     if problem:
         raise UsageError(problem)
-    if args.report_dir and inside(args.report_dir, root):
-        raise UsageError(
-            f"--report-dir {args.report_dir} is inside DATA {args.data}: the audit never writes there"
-        )
-    repeated = sorted({i for i in args.ids if args.ids.count(i) > 1})
-    if repeated:
-        raise UsageError(f"--ids lists {repeated} more than once")
-    if not 0 <= args.rank < args.world_size:
-        raise UsageError(
-            f"--rank {args.rank}: must be 0 to {args.world_size - 1} for --world-size {args.world_size}"
-        )
+    root = Path(args.data)
     try:
         files_mod.reader()
     except files_mod.ReaderMissing as error:
@@ -131,7 +133,8 @@ def choose(args: argparse.Namespace) -> Chosen:
     for name in files_mod.choose(names, sample, args.seed):
         if files_mod.shard(name, args.world_size) == args.rank:
             add(chosen, files_mod.read_header(paths[name], name), hidden)
-    if not chosen.audited and not chosen.wrong and chosen.na and args.world_size == 1:
+    every = sample is None or sample >= chosen.total  # a sample's files say nothing of the others
+    if not chosen.audited and not chosen.wrong and chosen.na and args.world_size == 1 and every:
         reasons = sorted({str(f.na) for f in chosen.na})
         raise UsageError(f"no file of DATA {args.data} can be audited: {'; '.join(reasons[:3])}")
     return chosen

@@ -3,26 +3,28 @@ and the rows it names, and a document as text: one rule for a run and for the me
 documents (merge.py).
 
 A file's status is `ok`, `wrong` or `n/a`. A file judged against a reference the pre-flight check
-did not prove is `n/a` already (job.py); a file wrong as it stands (fewer state rows than
+did not prove is `n/a` already (commands/audit.py); a file wrong as it stands (fewer state rows than
 tokens) needs no reference and stays `wrong` whatever the check says.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix import cli_output, exit_codes
 from vllm_hotfix.audit import bound
-
-PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
-STATUSES = ("ok", "wrong", "n/a")
+from vllm_hotfix.judging import verdicts
+from vllm_hotfix.judging.verdicts import FAIL, PASS, STATUSES, UNKNOWN
 
 
 def summary(counts: dict[str, int]) -> str:
     files = sum(counts.get(status, 0) for status in STATUSES)
-    return f"{counts['ok']} ok, {counts['wrong']} wrong, {counts['n/a']} n/a of {files} files audited"
+    return f"{counts['ok']} ok, {counts['wrong']} wrong, {counts['n/a']} n/a of {files_(files)} audited"
+
+
+def files_(count: int) -> str:
+    """`1 file`, `2 files`."""
+    return f"{count} file{'' if count == 1 else 's'}"
 
 
 def verdict(
@@ -34,17 +36,17 @@ def verdict(
     run's own failure."""
     said = summary(counts)
     if error:
-        return UNKNOWN, exit_codes.ERROR, f"{error}; {said}"
+        return UNKNOWN, verdicts.ERROR, f"{error}; {said}"
     broken = next((row for row in rows if row.get("error")), None)  # the run's own fault in a file's row
     if broken is not None:
-        return UNKNOWN, exit_codes.ERROR, f"{broken.get('why')} ({broken.get('file')}); {said}"
+        return UNKNOWN, verdicts.ERROR, f"{broken.get('why')} ({broken.get('file')}); {said}"
     if counts["wrong"]:
-        return FAIL, exit_codes.WRONG, said
+        return FAIL, verdicts.WRONG, said
     if check is not None and check != PASS:
-        return UNKNOWN, exit_codes.INCOMPLETE, f"the pre-flight check says {check}; {said}"
+        return UNKNOWN, verdicts.INCOMPLETE, f"the pre-flight check says {check}; {said}"
     if counts["n/a"]:
-        return UNKNOWN, exit_codes.INCOMPLETE, said
-    return PASS, exit_codes.OK, said
+        return UNKNOWN, verdicts.INCOMPLETE, said
+    return PASS, verdicts.OK, said
 
 
 def estimate(counts: dict[str, int], files_in_data: int, sample: int | None, seed: int) -> dict[str, Any]:
@@ -71,12 +73,14 @@ def estimate_line(found: dict[str, Any]) -> str:
     head = f"{found['wrong']} wrong of {found['judged']} judged"
     head += f" ({found['n/a']} n/a, outside the estimate)" if found["n/a"] else ""
     if not found["sampled"]:
-        return f"every file: {head}, of {found['files_in_data']} files in DATA"
+        return f"every file: {head}, of {files_(found['files_in_data'])} in DATA"
     if found["wrong_fraction_at_most"] is None:
-        return f"sample: {head}: no file judged, nothing to say of the {found['files_in_data']} files in DATA"
+        return (
+            f"sample: {head}: no file judged, nothing to say of the {files_(found['files_in_data'])} in DATA"
+        )
     return (
         f"sample: {head} of {found['sample_size']} chosen at random (--seed {found['seed']}) from"
-        f" {found['files_in_data']} files; at {found['confidence']:.0%} confidence at most"
+        f" {files_(found['files_in_data'])}; at {found['confidence']:.0%} confidence at most"
         f" {found['wrong_fraction_at_most']:.2%} of the files in DATA are wrong"
     )
 
@@ -103,9 +107,3 @@ def text_lines(document: dict[str, Any]) -> list[str]:
         lines.append(estimate_line(document["estimate"]))
     lines.append(f"verdict: {document['verdict']} ({document['reason']}); exit {document['exit_code']}")
     return lines
-
-
-def failure(args: argparse.Namespace, reason: str, command: str = "audit") -> dict[str, Any]:
-    """The document of a run that failed in the command itself: exit 3."""
-    data, model = getattr(args, "data", None), getattr(args, "model", None)
-    return cli_output.document(command, exit_codes.ERROR, reason, data=data, model=model, files=[])

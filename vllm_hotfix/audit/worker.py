@@ -15,8 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_hotfix import precision
 from vllm_hotfix.audit import compare, files, results
+from vllm_hotfix.judging import precision
 
 MANIFEST_VAR = "VLLMHOTFIX_AUDIT_MANIFEST"  # set by `vllm-hotfix audit` for its engine's processes
 _MOE_LAYERS = ("RoutedExperts", "FusedMoE")  # vLLM's expert layer, by release
@@ -28,8 +28,8 @@ def attach(model: Any, ids: Sequence[int]) -> None:
     path = os.environ.get(MANIFEST_VAR)
     if not path:
         return
-    from vllm_hotfix import containment
-    from vllm_hotfix.verify import runtime
+    from vllm_hotfix.judging import engine_facts as runtime
+    from vllm_hotfix.runtime import containment
 
     if runtime.ranks()["tp"] != 0:
         return
@@ -75,12 +75,12 @@ class Auditor:
     so neither side holds more than one call's files."""
 
     def __init__(self, manifest_path: str, engine_ids: Sequence[int], moe: bool = False) -> None:
-        from vllm_hotfix.verify import settings as verify_settings
+        from vllm_hotfix.runtime import settings
 
         self.manifest_path = manifest_path
         self.moe = moe
         self.engine_ids = list(engine_ids)
-        self.checked_tokens = verify_settings.read().tokens  # what the pre-flight compares per forward
+        self.checked_tokens = settings.read_verify().tokens  # what the pre-flight compares per forward
         self.read_as: tuple[int, int] | None = None  # (inode, mtime) of the manifest as last read
         self.ids: list[int] = []
         self.tolerance: float | None = None  # --tolerance: replaces the rule

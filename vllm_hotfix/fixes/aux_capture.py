@@ -1,23 +1,42 @@
-"""What every probe of an aux-hidden-state forward shares: the first two verdicts, which need no
-shape check, and the last step, which turns a list of shape checks into a verdict."""
+"""What the fixes of aux-hidden-state forwards share: the first verdicts of a probe, which need no
+shape check, and its last step, which turns a list of shape checks into a verdict; and the
+tensor-parallel names a fixed forward that all-reduces a captured state calls."""
 
 from __future__ import annotations
 
 import ast
+from abc import ABC
+from types import ModuleType
+from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_or_unknown
+from vllm_hotfix.runtime.decisions import Decision
 
 FINAL_TEST = "self.end_layer in self.aux_hidden_state_layers"
+# vLLM's collective and tensor-parallel size, as a fixed forward calls them (TensorParallelCapture)
+REDUCE = "tensor_model_parallel_all_reduce"
+WORLD_SIZE = "get_tensor_model_parallel_world_size"
+
+
+class TensorParallelCapture(Fix, ABC):
+    """A fix whose fixed forward all-reduces a captured state: it binds REDUCE and WORLD_SIZE,
+    which the model's module does not import, to vLLM's own (imported when the fix is patched)."""
+
+    def bindings(self, module: ModuleType) -> dict[str, Any]:
+        from vllm import distributed
+
+        return {
+            REDUCE: distributed.tensor_model_parallel_all_reduce,
+            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
+        }
 
 
 def verdict_without_shape(source: str) -> ast.FunctionDef | Probe:
     """Parse the forward and decide at once where its shape does not matter: UNKNOWN (unparsable),
     NOT_AFFECTED (no aux capture at all), FIXED_UPSTREAM (captures end_layer); else the function."""
-    try:
-        function = Fix.parse_function(source)
-    except (SyntaxError, ValueError) as error:
-        return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+    function = parse_or_unknown(source)
+    if isinstance(function, Probe):
+        return function
     reads_aux = any(
         isinstance(node, ast.Attribute) and node.attr == "aux_hidden_state_layers"
         for node in ast.walk(function)

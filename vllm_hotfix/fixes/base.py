@@ -10,99 +10,28 @@ from __future__ import annotations
 import ast
 import functools
 import textwrap
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import FunctionType, ModuleType
-from typing import Any
 
-from vllm_hotfix.decisions import Decision
+from vllm_hotfix.runtime.decisions import Decision
+from vllm_hotfix.runtime.fix import Fix, Probe
+
+__all__ = ["Fix", "Probe", "contains_code", "parse_function", "parse_or_unknown", "reads_key", "same_code"]
 
 
-@dataclass(frozen=True)
-class Probe:
-    """What a probe concluded about a source: one of decisions.VERDICTS, and why."""
+def parse_function(source: str) -> ast.FunctionDef:
+    """The one function definition `source` holds; ValueError for anything else."""
+    tree = ast.parse(textwrap.dedent(source))
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
+        raise ValueError("the source is not a single function definition")
+    return tree.body[0]
 
-    verdict: Decision
-    reason: str
 
-
-class Fix(ABC):
-    """One repair of one function. Subclasses set the class attributes and the two methods."""
-
-    fix_id: str  # stable, used in VLLMHOTFIX_DISABLE, logs and markers
-    title: str
-    module: str  # the module whose import triggers the fix
-    owner: str | None  # class that holds the function, or None for a module-level function
-    attribute: str  # the function's name
-    affected: tuple[str, str]  # first and last release known to carry the bug (corroboration only)
-    fixed_in: str | None  # the first release with upstream's fix; None while upstream has none
-    upstream: str  # where upstream fixed it, or that it has not
-    related: tuple[str, ...] = ()  # other modules whose source the probe reads (never imported)
-    absent: Decision = Decision.UNKNOWN  # the verdict when the target does not exist at all
-    # Model architectures (keys of vLLM's model registry) whose model lives in `module`. Release
-    # tooling only: it reads each wheel's registry to say whether they reach `module` by default
-    # or only through `model_class_overrides`. Empty: no such claim (the table says just "patched").
-    architectures: tuple[str, ...] = ()
-
-    @property
-    def target(self) -> str:
-        owner = f"{self.owner}." if self.owner else ""
-        return f"{self.module}.{owner}{self.attribute}"
-
-    @abstractmethod
-    def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        """Classify the target function's source text (as inspect.getsource returns it).
-
-        `related` maps each module named in `self.related` to its source text (None if absent).
-        """
-
-    @abstractmethod
-    def transform_source(self, source: str) -> str:
-        """Return the fixed function's source, dedented. Only called on a PATCHED verdict."""
-
-    # -- where the function lives; fixes with extra references override put() --------------
-    def holder(self, module: ModuleType) -> Any:
-        return module if self.owner is None else getattr(module, self.owner)
-
-    def current(self, module: ModuleType) -> Any:
-        """The object installed now, read without descriptors (a plain function, or whatever)."""
-        holder = self.holder(module)
-        if self.owner is None:
-            return holder.__dict__.get(self.attribute)
-        return vars(holder).get(self.attribute)
-
-    def put(self, module: ModuleType, function: FunctionType, replacing: FunctionType) -> None:
-        """Put `function` where `replacing` is now: the fixed function in place of the original
-        (patching.patch), and the original back in place of the fixed one (patching.unpatch)."""
-        setattr(self.holder(module), self.attribute, function)
-
-    def class_cell(self, module: ModuleType, function: FunctionType) -> type | None:
-        """The owner class, when it is what the method's only closure cell holds: the `__class__`
-        cell the compiler makes for zero-argument `super()`. None for any other closure.
-
-        Such a method is no closure in the sense that matters: its fixed source is built with
-        `__class__` bound to that class (patching.patch), so its `super()` resolves as vLLM's did."""
-        if self.owner is None or function.__code__.co_freevars != ("__class__",):
-            return None
-        closure = function.__closure__ or ()
-        try:
-            held = closure[0].cell_contents if len(closure) == 1 else None
-        except ValueError:  # an empty cell
-            return None
-        return held if held is self.holder(module) else None
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        """Names the fixed source uses that the target's module does not define (none by default)."""
-        return {}
-
-    # -- shared helpers for source probes -----------------------------------------------------
-    @staticmethod
-    def parse_function(source: str) -> ast.FunctionDef:
-        tree = ast.parse(textwrap.dedent(source))
-        if len(tree.body) != 1 or not isinstance(tree.body[0], ast.FunctionDef):
-            raise ValueError("the source is not a single function definition")
-        return tree.body[0]
+def parse_or_unknown(source: str) -> ast.FunctionDef | Probe:
+    """What each probe starts with: the function `source` defines, or the `unknown` verdict that
+    says why it could not be parsed (a probe returns the Probe as it is)."""
+    try:
+        return parse_function(source)
+    except (SyntaxError, ValueError) as error:
+        return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
 
 
 @functools.cache

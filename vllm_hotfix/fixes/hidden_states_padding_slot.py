@@ -1,16 +1,20 @@
-"""CUDA-graph padding overwrites a stored hidden state (vLLM 0.17.0 ... 0.24.0, `extract_hidden_states`).
+"""CUDA-graph padding overwrites a stored hidden state (`extract_hidden_states`).
 
-`basic_cache` (vllm/model_executor/models/extract_hidden_states.py) scatters each token's hidden
-states into the cache-only KV cache at slot `slot_mapping[i]`: as `kv_cache[slot // block_size,
-slot % block_size]` from 0.22.0, through a flat `(blocks * block_size, ...)` view of the cache in
-0.17.0-0.21.0. Under CUDA graphs the proposer pads the batch with `PADDING_SLOT_ID` (-1), and -1
-indexes the *last* slot of the *last* block either way: every padded row overwrites whatever real
-request's state is stored there, and the connector later saves it to its file without a word (vLLM
-issue #43810). Upstream (vLLM PR #46301, released in 0.25.0) adds `slot_mapping =
-slot_mapping.clamp_min(0)` before the scatter, so padding lands in the null block 0, which is never
-allocated to a request. This fix makes that change (statement and comment) to the installed
-function: where upstream made it (after `block_size = ...`) in the 0.22.0 shape, which then equals
-0.25.0's function character for character, and right before the scatter in the older shape.
+Why: `basic_cache` (vllm/model_executor/models/extract_hidden_states.py) scatters each token's
+hidden states into the cache-only KV cache at slot `slot_mapping[i]`; under CUDA graphs the proposer
+pads the batch with slot -1, which indexes the *last* slot of the *last* block: every padded row
+overwrites a real request's stored state, saved later to its file without a word (vLLM issue #43810).
+
+How: upstream's statement and comment, `slot_mapping = slot_mapping.clamp_min(0)` before the
+scatter (padding lands in the null block 0, never allocated to a request): where upstream put it
+(after `block_size = ...`) in the 0.22.0 shape, which then equals 0.25.0's function character for
+character, and right before the scatter in the older flat-view shape.
+
+Affected releases: vLLM 0.17.0 to 0.24.0.
+
+Upstream: vLLM PR #46301, released in 0.25.0.
+
+When to drop: when the project no longer supports vLLM 0.17.0 to 0.24.0.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 PARAMETERS = ("to_cache", "kv_cache", "slot_mapping")
 BLOCK_SIZE = "block_size = kv_cache.shape[1]"
@@ -73,10 +77,9 @@ class HiddenStatesPaddingSlot(Fix):
     absent = Decision.NOT_AFFECTED  # releases before extract_hidden_states have no such cache
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, CLAMP):
             return Probe(Decision.FIXED_UPSTREAM, f"padding slots go to the null block (`{CLAMP}`)")
         missing = _buggy_shape(function)
@@ -93,7 +96,7 @@ class HiddenStatesPaddingSlot(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         lines = text.splitlines(keepends=True)
         first, scatter = function.body[0], function.body[-1]
         indent = " " * scatter.col_offset

@@ -1,19 +1,23 @@
-"""Prefix caching drops and misaligns the rows of ExampleHiddenStatesConnector's files (vLLM
-0.22.0 ... 0.23.0, `extract_hidden_states`; vLLM issue #44485).
+"""Prefix caching drops and misaligns the rows of ExampleHiddenStatesConnector's files.
 
-That connector saves each new request of a step in `save_kv_layer`, slicing the step's slot mapping
-by the request's whole prompt length (`slot_mapping[offset : offset + num_tokens]`). A request with
-a cached prefix has only its uncached tokens in the step: its file gets fewer state rows than
-`token_ids`, and every later new request of the same step gets rows of another request. Prefix
-caching is on by default; vLLM's only guard for this connector refuses chunked prefill, in
-`VllmConfig._post_init_kv_transfer_config`. vLLM 0.24.0 rewrote the connector (vLLM PR #43805): it
-rebuilds a finished request's slots from its blocks, cached ones included, and dropped that guard.
-Upstream never changed the 0.22-0.23 connector, and the rewrite touches the connector's metadata,
-its scheduler side and its worker side: too large to carry. This fix makes the smallest change that
-makes every file's rows its tokens' states: in the function that already decides what this
-connector allows, after the chunked-prefill guard, it turns prefix caching off for an engine that
-runs this connector, with one WARNING line that says why. The function runs once per config (never
-in a forward), so the log line and the config write are no trace-time side effects.
+Why: that connector saves each new request of a step in `save_kv_layer`, slicing the step's slot
+mapping by the request's whole prompt length: a request with a cached prefix (prefix caching is on
+by default) has only its uncached tokens in the step, so its file gets fewer state rows than
+`token_ids`, and every later new request of the same step gets rows of another request (vLLM issue
+#44485), with no error.
+
+How: the smallest change that makes every file's rows its tokens' states: in
+`VllmConfig._post_init_kv_transfer_config`, right after vLLM's chunked-prefill guard for this
+connector, prefix caching is turned off for an engine that runs it, with one WARNING that says why.
+The function runs once per config (never traced), so the log line and the write are no trace-time
+side effects.
+
+Affected releases: vLLM 0.22.0 to 0.23.0.
+
+Upstream: none for these releases (issue #44485 open); vLLM 0.24.0 rewrote the connector (PR
+#43805), too large to carry, and removed the cause.
+
+When to drop: when the project no longer supports vLLM 0.22.0 to 0.23.0.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown
+from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 CONNECTOR = "ExampleHiddenStatesConnector"
@@ -105,10 +109,9 @@ class HiddenStatesPrefixCache(Fix):
     absent = Decision.NOT_AFFECTED  # releases before this config hook have no per-step save either
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, OFF):
             return Probe(Decision.FIXED_UPSTREAM, f"prefix caching is off for {CONNECTOR} (`{OFF}`)")
         guards = _chunked_prefill_guards(function)
@@ -135,7 +138,7 @@ class HiddenStatesPrefixCache(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        (guard,) = _chunked_prefill_guards(self.parse_function(text))
+        (guard,) = _chunked_prefill_guards(parse_function(text))
         assert guard.end_lineno is not None
         lines = text.splitlines(keepends=True)
         addition = "\n" + textwrap.indent(TURN_OFF, " " * guard.col_offset)

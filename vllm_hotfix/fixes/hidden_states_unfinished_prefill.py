@@ -1,23 +1,22 @@
-"""A request that finishes before its prefill completes still gets a hidden-states file (vLLM 0.24.0
-... 0.34.0, `extract_hidden_states` with ExampleHiddenStatesConnector).
+"""A request that finishes before its prefill completes still gets a hidden-states file.
 
-Why: the connector's scheduler side, `request_finished`, queues a save for every finished request,
-whatever finished it. A request aborted after its first prefill chunk (client gone, timeout) is
-saved with `token_ids` for its whole prompt but states only for its computed tokens: the rows past
-them in its last block hold whatever that block held before, and the file has no rows at all for
-the blocks never allocated.
-How: in that function, right before it queues the save, a request whose computed tokens do not
-cover the tokens its file would name (`request.num_computed_tokens < len(token_ids)`: for the
-default prompt-only file, vLLM's own test of a prefill in progress) gets no file and one INFO line.
-It returns what the release itself returns for a request it saves nothing for, so that its blocks
-are freed as vLLM expects there: `False, None` where the function has upstream's branch for a
-request aborted before it was scheduled (vLLM PR #56841, 0.31.0, whose `get_finished` reports only
-the requests it saved), `True, None` before (0.24.0-0.30.0, whose `get_finished` reports every
-finished request, which frees its blocks). The function runs in the scheduler, never traced, so the
-log line is no trace-time side effect.
-Affected: 0.24.0 (the connector's rewrite, vLLM PR #43805, which allowed chunked prefill) to 0.34.0.
-Upstream: none yet (see upstream/hidden-states-unfinished-prefill/).
-Drop it: when the oldest supported vLLM has upstream's equivalent change.
+Why: ExampleHiddenStatesConnector's scheduler side, `request_finished`, queues a save for every
+finished request, whatever finished it. A request aborted after its first prefill chunk (client
+gone, timeout) is saved with `token_ids` for its whole prompt but states only for its computed
+tokens: the rows past them hold whatever their block held before, and blocks never allocated give
+no rows at all.
+
+How: right before the function queues the save, a request whose computed tokens do not cover the
+tokens its file would name (`request.num_computed_tokens < len(token_ids)`) gets no file and one
+INFO line; the function returns what the release returns for a request it saves nothing for
+(`False, None` with upstream's branch of vLLM PR #56841, `True, None` before), so its blocks are
+freed as that release expects. It runs in the scheduler, never traced.
+
+Affected releases: vLLM 0.24.0 (the connector's rewrite, PR #43805) to 0.34.0 and later.
+
+Upstream: none yet; the patch offered is in upstream/hidden-states-unfinished-prefill/.
+
+When to drop: when the oldest supported vLLM has upstream's equivalent change.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 CONNECTOR = "ExampleHiddenStatesConnector"
@@ -103,10 +102,9 @@ class HiddenStatesUnfinishedPrefill(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the connector (0.17.0) save nothing
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, GUARD):
             return Probe(Decision.FIXED_UPSTREAM, f"a request is saved only when `not {GUARD}`")
         if not contains_code(function, "PendingSave"):
@@ -148,7 +146,7 @@ class HiddenStatesUnfinishedPrefill(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        function = self.parse_function(text)
+        function = parse_function(text)
         (queue,) = _queue(function)
         returns = UNSCHEDULED_RETURN if _unscheduled_branch(function) is not None else DELAYED_RETURN
         lines = text.splitlines(keepends=True)

@@ -1,14 +1,22 @@
-"""MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py,
-vLLM 0.24.0-0.33.0). Fixed upstream in vLLM 0.34.0.
+"""MiniMaxM3Model's aux hidden states under tensor parallelism (vllm/models/minimax_m3/nvidia/model.py).
 
-The nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN output
-un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm: the next layer's
-input norm (`fuse_input_allreduce`) or, from vLLM 0.25.0, the final norm
-(`fuse_final_norm_allreduce`), both through `fused_allreduce_gemma_rms_norm`. The layer loop
-captures `self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)`, which
-adds the rank's *partial* FFN output to the residual: at TP > 1 every such state is wrong and the
-ranks disagree (EAGLE3 drafters are fed these states). vLLM 0.24.0 defers only dense layers, 0.25.0+
-dense and MoE layers (`MiniMaxM3DecoderLayer.ffn_all_reduce_deferred`).
+Why: the nvidia file (vLLM's choice on every platform but ROCm) leaves each decoder layer's FFN
+output un-reduced at pipeline-parallel size 1 and fuses its all-reduce into the next norm, but the
+loop captures `hidden_states + residual` with the rank's *partial* FFN output: at TP > 1 every such
+state is wrong and the ranks disagree. Id 0 is the embedding tensor that layer 0's in-place Gemma
+norms later overwrite.
+
+How: derived from the installed forward, every captured state becomes the all-reduced pre-norm sum
+exactly where vLLM's next norm reduces (an all-reduce of a copy per requested id at TP > 1, none at
+TP = 1), the final id the final fused norm's second output (0.25.0+), id 0 a copy; nothing else,
+and the model's output is never touched. The steps are below.
+
+Affected releases: vLLM 0.24.0 to 0.33.0.
+
+Upstream: fixed in vLLM 0.34.0 (captures after the layers' input norms; the probe says `fixed
+upstream` there).
+
+When to drop: when the project stops supporting vLLM 0.24.0 to 0.33.0.
 
 The fix, derived from the installed forward, makes every captured state the all-reduced pre-norm sum
 exactly where vLLM's next norm reduces, and nothing else:
@@ -35,12 +43,6 @@ exactly where vLLM's next norm reduces, and nothing else:
   stock makes that copy (0.32.0+), id 0 is left as it is.
 Where vLLM already reduced (pipeline parallelism > 1: `reduce_results=True`, nothing deferred) both
 conditions are False and the states are stock's. The model's output is never touched.
-
-vLLM 0.34.0 fixed it (recognised as `fixed upstream`, `captures_after_norms`): the decoder layer is
-split into `forward_input_norm` / `forward_after_input_norm`, and the loop captures id k as
-`residual.clone()` right after layer k's input norm, where the deferred all-reduce completes; the
-final id is the final norm's second output, cloned; id 0 is a clone. No partial sums, no added
-collective.
 """
 
 from __future__ import annotations
@@ -48,11 +50,10 @@ from __future__ import annotations
 import ast
 import textwrap
 from collections.abc import Mapping
-from types import ModuleType
-from typing import Any
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.aux_capture import REDUCE, WORLD_SIZE, TensorParallelCapture
+from vllm_hotfix.fixes.base import Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 CAPTURE = "self._maybe_add_hidden_state(aux_hidden_states, idx + 1, hidden_states, residual)"
 LAYER_CALL = "hidden_states, residual = layer(positions, hidden_states, residual)"
@@ -85,8 +86,6 @@ FINAL_NORMS = (
     "hidden_states, residual = self.norm(hidden_states, residual)",
 )
 
-REDUCE = "tensor_model_parallel_all_reduce"
-WORLD_SIZE = "get_tensor_model_parallel_world_size"
 # The condition under which the next norm all-reduces the layer's output, per known shape.
 NEXT_NORM_REDUCES = {
     "fused-final": "layer.ffn_all_reduce_deferred",
@@ -229,7 +228,7 @@ class Shape:
             self.missing.append(f"a forward that does not call `{REDUCE}` itself")
 
 
-class MiniMaxM3Aux(Fix):
+class MiniMaxM3Aux(TensorParallelCapture):
     """MiniMaxM3Model.forward of the nvidia file (the amd file reduces each FFN output first)."""
 
     fix_id = "minimax-m3-aux-nvidia"
@@ -248,10 +247,9 @@ class MiniMaxM3Aux(Fix):
     architectures = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if captures_after_norms(function):
             return Probe(
                 Decision.FIXED_UPSTREAM,
@@ -301,7 +299,7 @@ class MiniMaxM3Aux(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.kind is not None and shape.capture is not None and shape.norm is not None
         lines = text.splitlines(keepends=True)
         # Bottom-up: the final norm first (0.25.0+), then the loop's capture.
@@ -328,11 +326,3 @@ class MiniMaxM3Aux(Fix):
             end = shape.entry.end_lineno or shape.entry.lineno
             lines[end:end] = [entry_copy]
         return "".join(lines)
-
-    def bindings(self, module: ModuleType) -> dict[str, Any]:
-        from vllm import distributed
-
-        return {
-            REDUCE: distributed.tensor_model_parallel_all_reduce,
-            WORLD_SIZE: distributed.get_tensor_model_parallel_world_size,
-        }

@@ -1,25 +1,24 @@
-"""The layer loop's aux-state index under pipeline parallelism, in `LlamaModel`, `Qwen2Model`,
-`MiniCPMModel`, `StepDecoderModel` (Step1), `AfmoeModel` and `ApertusModel`.forward (vLLM 0.10.0+;
-Llama and Qwen2 fixed upstream in 0.30.0 by PR #50514, the others not as of 0.34.0).
+"""The layer loop's aux-state index under pipeline parallelism, in six models' forward.
 
-Why: the forward iterates `enumerate(islice(self.layers, self.start_layer, self.end_layer))` (or a
-slice) without `start=`, so its index is stage-local, and compares it with the global ids of
-`self.aux_hidden_state_layers` (`if idx in ...` before the layer, to 0.17; from 0.18
-`_maybe_add_hidden_state(aux_hidden_states, idx + 1, ...)` after it, and id 0 as the stage's input
-before the loop). At PP > 1 the last stage, whose states the EAGLE3 drafter and
-`extract_hidden_states` read, captures the wrong layers: none for ids beyond its own layer count (too
-few states: the draft's `fc` fails), and silently layer `start_layer + id` for the others (ids 1, 16,
-30 of a 64-layer model at PP=2 give 33, 48, 62). vLLM issue #36151.
+Why: `LlamaModel`, `Qwen2Model`, `MiniCPMModel`, `StepDecoderModel` (Step1), `AfmoeModel` and
+`ApertusModel`.forward iterate `enumerate(islice(self.layers, self.start_layer, self.end_layer))`
+(or a slice) without `start=`, so the index they compare with the global ids of
+`self.aux_hidden_state_layers` is stage-local. At PP > 1 the last stage, whose states EAGLE3 reads,
+captures no state for ids beyond its layer count (the draft's `fc` fails) and silently layer
+`start_layer + id` for the others (vLLM issue #36151).
 
 How: upstream's index change, made to the installed forward: `start=self.start_layer` in that
-`enumerate`, and (0.18+) the stage-input capture's id `0` becomes `self.start_layer`, the global id of
-the state a stage receives. Upstream also puts that capture under `is_first_rank`, because from
-0.30.0 earlier stages' states are relayed to the last one; without the relay they are discarded, so
-the last stage keeps it here. At PP = 1 (`start_layer` 0) the function computes what stock does.
-Models that inherit one of these forwards (from `LlamaModel`) are fixed with it. A forward whose
-index also drives something else (HunYuan's CLA sharing, Gemma 4's per-layer inputs) is `unknown`.
+`enumerate`, and (0.18+) the stage-input capture's id `0` becomes `self.start_layer`. At PP = 1 the
+function computes what stock does; models that inherit one of these forwards are fixed with it; a
+forward whose index also drives something else (HunYuan, Gemma 4) is `unknown`.
 
-Drop it when the oldest supported vLLM has `start=self.start_layer` in each registered model.
+Affected releases: vLLM 0.10.0 (Llama) to 0.29.0 for Llama and Qwen2; from 0.10.2-0.16.0 to 0.34.0
+and later for the others.
+
+Upstream: Llama and Qwen2 in vLLM PR #50514, released in 0.30.0; the others not fixed as of 0.34.0
+(the patch offered is in upstream/pp-aux-layer-index/).
+
+When to drop: per model, when the oldest supported vLLM has `start=self.start_layer` in that forward.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 STAGE_LAYERS = (
     "islice(self.layers, self.start_layer, self.end_layer)",
@@ -150,10 +149,9 @@ class PpAuxLayerIndex(Fix):
         self.upstream = UPSTREAM_FIX if fixed_in is not None else NOT_FIXED
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         reads_aux = any(
             (isinstance(n, ast.Attribute) and n.attr == "aux_hidden_state_layers") or _is_helper_call(n)
             for n in ast.walk(function)
@@ -189,7 +187,7 @@ class PpAuxLayerIndex(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.enumerate is not None and not shape.missing
         lines = [line.encode("utf-8") for line in text.splitlines(keepends=True)]
 

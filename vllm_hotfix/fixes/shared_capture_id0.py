@@ -1,23 +1,23 @@
-"""Id 0 (the embeddings) in vLLM's shared capture helper, `EagleModelMixin._maybe_add_hidden_state`
-(vllm/model_executor/models/interfaces.py, every release that has it; upstream has not fixed it).
+"""Id 0 (the embeddings) in vLLM's shared capture helper, `EagleModelMixin._maybe_add_hidden_state`.
 
-The helper appends `hidden_states + residual if residual is not None else hidden_states`: with
-`residual` None it appends the tensor itself. The models that use it (Llama and the models built on
-it, Qwen2/3, Qwen3-MoE, gpt-oss and about twenty more) capture id 0 before their layer loop with
-`residual` None on the first pipeline rank, so id 0 is the embedding tensor that layer 0 then keeps
-as its `residual`. Where a later norm adds into that residual in place (`RMSNorm(x, residual)` on
-CUDA dispatches to the in-place `fused_add_rms_norm` kernel), the captured id 0 (EAGLE3 drafter
-features, `extract_hidden_states` output) holds a later layer's running sum instead of the
-embeddings, with no error.
+Why: the helper (vllm/model_executor/models/interfaces.py) appends `hidden_states + residual if
+residual is not None else hidden_states`: with `residual` None it appends the tensor itself. The
+models that use it (Llama and the models built on it, Qwen2/3, Qwen3-MoE, gpt-oss and about twenty
+more) capture id 0 with `residual` None, so id 0 is the embedding tensor that layer 0 keeps as its
+residual; where a later norm adds into it in place (CUDA's `fused_add_rms_norm`), id 0 holds a later
+layer's running sum, with no error.
 
-The fix, derived from the installed helper, makes that branch a copy: `... else
-hidden_states.clone()`, inside the helper's own membership test, so the copy is made only for a
-requested id (for id 0, only when id 0 is requested). Requested ids with a residual are new
-tensors already (`hidden_states + residual`) and are unchanged; a caller that passes `residual`
-None for other ids (Granite, MuseGlimmer, Kimi K3's attention-residual blocks, this package's
-MiniMax-M3 final id) gets a copy of the same values. A helper that already copies (`.clone()` of
-`hidden_states`) is `fixed upstream`. Models that override the helper without calling the mixin's
-(Qwen3.5 in vLLM 0.34.0 clones id 0 itself) are not touched by this fix.
+How: derived from the installed helper, that branch becomes a copy (`... else
+hidden_states.clone()`), inside the helper's own membership test, so the copy is made only for a
+requested id; a helper that already copies is `fixed upstream`. Models that override the helper
+without calling the mixin's are not touched.
+
+Affected releases: vLLM 0.18.0 (the first with the helper) to 0.34.0 and later.
+
+Upstream: not fixed as of vLLM 0.34.0; the patch offered is in upstream/shared-capture-id0/.
+
+When to drop: when upstream's helper copies the state and the project stops supporting the releases
+before that.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, contains_code, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, contains_code, parse_function, parse_or_unknown, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 MEMBERSHIP = "layer_idx in self.aux_hidden_state_layers"
 VALUE = "value = hidden_states + residual if residual is not None else hidden_states"
@@ -76,10 +76,9 @@ class SharedCaptureId0(Fix):
     absent = Decision.NOT_AFFECTED  # releases before the helper capture no aux states through it
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if contains_code(function, COPY):
             return Probe(
                 Decision.FIXED_UPSTREAM, f"the helper copies a state captured without a residual (`{COPY}`)"
@@ -99,7 +98,7 @@ class SharedCaptureId0(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.value is not None and isinstance(shape.value.value, ast.IfExp)
         alias = shape.value.value.orelse  # the bare `hidden_states` of the None branch
         assert alias.end_lineno is not None and alias.end_col_offset is not None

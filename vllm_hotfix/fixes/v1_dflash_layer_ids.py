@@ -1,18 +1,21 @@
-"""The V1 runner drops a DFlash draft's aux layer ids when its config also has an `eagle_config`
-(`GPUModelRunner._get_eagle3_aux_layers_from_config`, vllm/v1/worker/gpu_model_runner.py, vLLM 0.22.0
-to 0.33.x; upstream has not fixed it, and 0.34.0 has no V1 runner).
+"""The V1 runner drops a DFlash draft's aux layer ids when its config also has an `eagle_config`.
 
-With no top-level `eagle_aux_hidden_state_layer_ids`, the resolver takes DFlash's
-`dflash_config["target_layer_ids"]` (plus one), then, whenever `eagle_config` is a dict, overwrites
-them with `eagle_config.get("eagle_aux_hidden_state_layer_ids")`: `None` when that key is not there
-(a DFlash checkpoint's `eagle_config` holds other keys, e.g. `use_aux_hidden_state`), and the runner
-sets the target's default layers. Model Runner V2's resolver (with eagle3-nested-layer-ids) keeps
-them: top-level ids, then the nested ids, then DFlash's.
+Why: with no top-level `eagle_aux_hidden_state_layer_ids`,
+`GPUModelRunner._get_eagle3_aux_layers_from_config` (vllm/v1/worker/gpu_model_runner.py) takes
+DFlash's `dflash_config["target_layer_ids"]`, then, whenever `eagle_config` is a dict, overwrites
+them with `eagle_config.get("eagle_aux_hidden_state_layer_ids")`: `None` when that key is not
+there (a DFlash checkpoint's `eagle_config` holds other keys), and the runner sets the target's
+default layers, with no error.
 
-The fix, derived from the installed method, changes that one assignment to
-`layer_ids = eagle_config.get(...) or layer_ids`: the nested ids still win when present (V1's order,
-which eagle3-nested-layer-ids gives V2), DFlash's are kept when not. Drop it when the project no
-longer supports vLLM 0.22.0 - 0.33.x.
+How: derived from the installed method, that one assignment becomes `layer_ids =
+eagle_config.get(...) or layer_ids`: the nested ids still win when present (V1's order, which
+eagle3-nested-layer-ids gives V2), DFlash's are kept when not.
+
+Affected releases: vLLM 0.22.0 to 0.33.x (0.34.0 has no V1 runner).
+
+Upstream: not fixed; the patch offered is in upstream/v1-dflash-layer-ids/.
+
+When to drop: when the project no longer supports vLLM 0.22.0 to 0.33.x.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import ast
 import textwrap
 from collections.abc import Mapping
 
-from vllm_hotfix.decisions import Decision
-from vllm_hotfix.fixes.base import Fix, Probe, reads_key, same_code
+from vllm_hotfix.fixes.base import Fix, Probe, parse_function, parse_or_unknown, reads_key, same_code
+from vllm_hotfix.runtime.decisions import Decision
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 TOP_LEVEL = f'layer_ids = getattr(hf_config, "{KEY}", None)'
@@ -106,10 +109,9 @@ class V1DflashLayerIds(Fix):
     absent = Decision.NOT_AFFECTED  # before 0.11.1 no method; 0.34.0 no V1 runner
 
     def probe_source(self, source: str, related: Mapping[str, str | None] | None = None) -> Probe:
-        try:
-            function = self.parse_function(source)
-        except (SyntaxError, ValueError) as error:
-            return Probe(Decision.UNKNOWN, f"source could not be parsed: {error}")
+        function = parse_or_unknown(source)
+        if isinstance(function, Probe):
+            return function
         if any(same_code(node, KEPT) for node in ast.walk(function)):
             return Probe(
                 Decision.FIXED_UPSTREAM,
@@ -133,7 +135,7 @@ class V1DflashLayerIds(Fix):
 
     def transform_source(self, source: str) -> str:
         text = textwrap.dedent(source)
-        shape = Shape(self.parse_function(text))
+        shape = Shape(parse_function(text))
         assert shape.overwrite is not None
         value = shape.overwrite.value  # ` or layer_ids` goes right after it, on its last line
         end, column = value.end_lineno, value.end_col_offset

@@ -14,12 +14,12 @@ of the same shape (a previous step's; left alone until a step repeats a shape: a
 alternate prefills and decodes of different sizes); `nan`
 writes one NaN; `drop` removes that state from the list (this rank alone then returns one state
 too few). Every copy is taken from the states as the model returned them, before any fault. Only
-tests set this; it never touches vllm_hotfix. The check (vllm_hotfix/verify) must then
+tests set this; it never touches vllm_hotfix. The check (vllm_hotfix/check) must then
 fail exactly the faulted ids: ranks disagree (at TP > 1), the id's comparison with its layer's
 stream, the final id, finite (nan), or the count on that rank only (drop).
 
 VLLMHOTFIX_TEST_CHECK_FAULT=RANK:STAGE:KIND[@CALL] plants a fault inside the check itself: in the
-worker of that TP rank, the function of vllm_hotfix.verify.checks that runs STAGE (shapes,
+worker of that TP rank, the function of vllm_hotfix.check.checks that runs STAGE (shapes,
 projection, float32) raises (KIND `raise`) or first sleeps SECONDS (KIND `sleep=SECONDS`),
 at its CALL-th call from `record` (default 1: the first recorded forward). Calls from elsewhere
 (the taps build their projection when they are attached) are not counted, so CALL is the forward.
@@ -146,7 +146,7 @@ if CHECK_FAULT:
 
         setattr(module, name, planted)
 
-    wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.verify.checks")
+    wrapt.register_post_import_hook(_plant_check, "vllm_hotfix.check.checks")
 
 SILENT_RANK = os.environ.get("VLLMHOTFIX_TEST_SILENT_RANK")
 
@@ -163,7 +163,7 @@ if SILENT_RANK:
 
         module.Recorder.write = write
 
-    wrapt.register_post_import_hook(_silence, "vllm_hotfix.verify.hook")
+    wrapt.register_post_import_hook(_silence, "vllm_hotfix.check.hook")
 
 if os.environ.get("VLLMHOTFIX_TEST_VLLM_COMPILE") == "1":
     import importlib.util
