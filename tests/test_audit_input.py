@@ -120,6 +120,7 @@ def test_fewer_state_rows_than_tokens_is_wrong_with_the_likely_cause(tmp_path: P
     assert (
         found.wrong.startswith("8 state rows for 40 tokens: rows are missing")
         and "vLLM #44485" in found.wrong
+        and "hidden-states-unfinished-prefill" in found.wrong  # 0.24-0.34: an aborted prefill's file
     )
     more = files.read_header(write(tmp_path / "b.safetensors", tokens=4, rows=6))
     assert more.wrong is None and more.na == "6 state rows for 4 tokens: more rows than tokens"

@@ -24,9 +24,12 @@ SUFFIX = ".safetensors"
 # the stored precisions the audit reads (safetensors' names); the states' dtype is passed to judging
 STATE_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 TOKEN_DTYPES = ("I64", "I32", "U32", "I16", "U16", "U8")
-CACHED_PREFIX = (
+# Fewer rows than tokens: the two known ways vLLM's ExampleHiddenStatesConnector writes such a file
+MISSING_ROWS = (
     "rows are missing: the likely cause a cached prefix left out of the file (prefix caching under"
-    " vLLM 0.22-0.23's ExampleHiddenStatesConnector, vLLM #44485)"
+    " vLLM 0.22-0.23's ExampleHiddenStatesConnector, vLLM #44485), or a request that ended before"
+    " its prefill completed (aborted or timed out under vLLM 0.24-0.34's connector: the fix"
+    " hidden-states-unfinished-prefill)"
 )
 
 
@@ -149,7 +152,7 @@ def read_header(path: Path, name: str = "") -> DataFile:
     if rows > count:
         return dataclasses.replace(found, na=f"{rows} state rows for {count} tokens: more rows than tokens")
     if rows < count:
-        return dataclasses.replace(found, wrong=f"{rows} state rows for {count} tokens: {CACHED_PREFIX}")
+        return dataclasses.replace(found, wrong=f"{rows} state rows for {count} tokens: {MISSING_ROWS}")
     return found
 
 
